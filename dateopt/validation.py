@@ -1,0 +1,69 @@
+"""Argument checks shared by every layer: errors name the field and the allowed values.
+
+Checks run on Python numbers only. Traced values (inside `jax.jit` or
+`optax.inject_hyperparams`) and schedules (callables) are left alone, so a
+transform built from a schedule or an injected hyper-parameter still works.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Iterable
+
+import numpy as np
+
+
+def _as_concrete_float(value: Any) -> float | None:
+  """Returns `value` as a float when it is a concrete scalar, else None."""
+  if isinstance(value, bool) or callable(value):
+    return None
+  if isinstance(value, numbers.Number):
+    return float(value)
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    return float(value)
+  return None  # jax arrays (possibly tracers) and anything else: not checked here.
+
+
+def check_range(
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+) -> None:
+  """Raises ValueError naming `name` when a concrete `value` is outside the range.
+
+  Example:
+    >>> check_range("momentum", 0.9, low=0.0, high=1.0, high_inclusive=False)
+  """
+  number = _as_concrete_float(value)
+  if number is None:
+    return
+  lo_ok = low is None or (number >= low if low_inclusive else number > low)
+  hi_ok = high is None or (number <= high if high_inclusive else number < high)
+  if math.isnan(number) or not (lo_ok and hi_ok):
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    interval = f"{'[' if low_inclusive and low is not None else '('}{lo}, {hi}{']' if high_inclusive and high is not None else ')'}"
+    raise ValueError(f"{name} must be in {interval}, got {value!r}.")
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+  """Raises ValueError naming `name` and the allowed values when `value` is not one of them."""
+  choices = tuple(choices)
+  if value not in choices:
+    allowed = ", ".join(repr(c) for c in choices)
+    raise ValueError(f"{name} must be one of {allowed}; got {value!r}.")
+
+
+def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
+  """Raises ValueError naming `name` when `value` is not an instance of `types`."""
+  if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+    raise ValueError(f"{name} must be {what}; got {value!r} of type {type(value).__name__}.")
+
+
+def _as_tuple(types):
+  return types if isinstance(types, tuple) else (types,)
