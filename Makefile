@@ -1,0 +1,33 @@
+# The two set-up commands (README): `make run` (the main job) and `make test`.
+# Each creates .venv with `python3 -m venv` and installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+CONFIG ?= configs/mnist1d_lstm.py
+WORKDIR ?= runs/mnist1d_lstm
+
+.PHONY: run test bench install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+## The main job: DATE plans a 16x larger batch for the MNIST-1D LSTM and trains both.
+run: install
+	$(BIN)/python scripts/main_job.py --config $(CONFIG) --workdir $(WORKDIR)
+
+## The test suite (8 simulated CPU devices are set in tests/conftest.py).
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python scripts/bench_optimizers.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
