@@ -1,0 +1,43 @@
+"""`dateopt-train --config configs/<name>.py --workdir <dir> [--config.batch_size=...]`.
+
+Thin: parses flags, joins the hosts of a multi-host run, calls
+`dateopt.train.train_and_evaluate`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the planned recipe go here.")
+flags.DEFINE_string("coordinator_address", None,
+                    "host:port of process 0 (multi-host without TPU/SLURM auto-detection).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
+flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv=None):
+  if argv is None:  # console-script entry point
+    return app.run(main)
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO.
+  from dateopt import train  # after flags: jax.distributed must start before devices are used.
+  train.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  import jax
+  if jax.process_index() == 0:
+    summary = {"eval": result.eval_metrics, "steps_per_second": result.steps_per_second,
+               "batch_size": result.recipe.batch_size}
+    print("final:", json.dumps(summary))
+    with open(os.path.join(FLAGS.workdir, "final_metrics.json"), "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=2)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,302 @@
+"""The `Dataset` every pipeline returns: random-access, per-process batches.
+
+A dataset is two random-access example sources (train, eval) plus the index
+arithmetic that turns (seed, global step) into the rows of one batch. The
+batch for a step is a pure function of (seed, step, batch size, process), so
+resuming from a checkpoint at step k replays exactly the batches an
+uninterrupted run would have seen, on any number of hosts.
+
+Sampling: the examples are shuffled once per epoch (a permutation seeded by
+(seed, epoch)), cut into global batches, and the last partial batch of every
+epoch is dropped. Each process takes its contiguous slice of the global batch:
+rows [p * n, (p + 1) * n) with n = global_batch_size // process_count, so the
+slices of all processes concatenate to the global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import numpy as np
+
+from dateopt.validation import check_choice, check_range, check_type
+
+Batch = dict[str, np.ndarray]
+# (seed, epoch): the key from which a source derives each example's augmentation RNG;
+# None asks for the deterministic (evaluation-style) preprocessing.
+AugmentKey = tuple[int, int] | None
+
+TASKS = ("classification", "language_model")
+LAYOUTS = ("image", "sequence")
+
+
+def image_layout(images: np.ndarray, layout: str) -> np.ndarray:
+  """Images (..., H, W, C) as given ("image") or as H steps of W * C features ("sequence").
+
+  The "sequence" layout feeds an LSTM one image row per step (the MNIST-LSTM
+  of You et al. 2019 reads 28 rows of 28 pixels).
+
+  Example:
+    >>> image_layout(np.zeros((5, 28, 28, 1)), "sequence").shape
+    (5, 28, 28)
+  """
+  check_choice("layout", layout, LAYOUTS)
+  if layout == "image":
+    return images
+  height, width, channels = images.shape[-3:]
+  return images.reshape(images.shape[:-3] + (height, width * channels))
+
+
+class ExampleSource(Protocol):
+  """Random access to the preprocessed examples of one split.
+
+  `gather(indices, augment_key)` returns {"inputs": (len(indices), ...),
+  "labels": (len(indices), ...)}; with an `augment_key` it applies the random
+  training augmentation, drawing example i's randomness from
+  `example_rng(augment_key, i)`.
+  """
+
+  def __len__(self) -> int:
+    ...
+
+  def gather(self, indices: np.ndarray, augment_key: AugmentKey) -> Batch:
+    ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class ArraySource:
+  """An `ExampleSource` over in-memory arrays (no augmentation).
+
+  Example:
+    >>> source = ArraySource(np.zeros((10, 3), np.float32), np.arange(10, dtype=np.int32))
+    >>> source.gather(np.array([2, 5]), None)["labels"]
+    array([2, 5], dtype=int32)
+  """
+
+  inputs: np.ndarray = dataclasses.field(repr=False)
+  labels: np.ndarray = dataclasses.field(repr=False)
+
+  def __post_init__(self):
+    if len(self.inputs) != len(self.labels):
+      raise ValueError(f"inputs ({len(self.inputs)}) and labels ({len(self.labels)}) differ in length.")
+
+  def __len__(self) -> int:
+    return len(self.labels)
+
+  def gather(self, indices: np.ndarray, augment_key: AugmentKey) -> Batch:
+    del augment_key
+    return {"inputs": self.inputs[indices], "labels": self.labels[indices]}
+
+
+def example_rng(augment_key: tuple[int, int], index: int) -> np.random.Generator:
+  """The augmentation RNG of one example: a function of (seed, epoch, example index) only.
+
+  Example:
+    >>> rng = example_rng((0, 3), 17)
+  """
+  seed, epoch = augment_key
+  return np.random.default_rng((seed, epoch, int(index)))
+
+
+@functools.lru_cache(maxsize=16)
+def epoch_permutation(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+  """The example order of one epoch: a permutation seeded by (seed, epoch).
+
+  Seeding with the pair (not seed + epoch) keeps (seed 0, epoch 1) and
+  (seed 1, epoch 0) apart. Cached: a training epoch asks for it every step.
+
+  Example:
+    >>> epoch_permutation(5, seed=0, epoch=0).shape
+    (5,)
+  """
+  order = np.random.default_rng((seed, epoch)).permutation(num_examples)
+  order.flags.writeable = False
+  return order
+
+
+def process_rows(global_batch_size: int, process_index: int = 0,
+                 process_count: int = 1) -> slice:
+  """The rows of a global batch that belong to `process_index` (contiguous, equal sizes).
+
+  Example:
+    >>> process_rows(8, process_index=1, process_count=2)
+    slice(4, 8, None)
+  """
+  check_type("global_batch_size", global_batch_size, int, "a positive int")
+  check_range("global_batch_size", global_batch_size, low=1)
+  check_type("process_count", process_count, int, "a positive int")
+  check_range("process_count", process_count, low=1)
+  check_type("process_index", process_index, int, "an int in [0, process_count)")
+  check_range("process_index", process_index, low=0, high=process_count, high_inclusive=False)
+  if global_batch_size % process_count:
+    raise ValueError(f"global_batch_size ({global_batch_size}) must be a multiple of "
+                     f"process_count ({process_count}).")
+  local = global_batch_size // process_count
+  return slice(process_index * local, (process_index + 1) * local)
+
+
+def map_in_order(fn: Callable[[int], Batch], start: int, stop: int | None,
+                 num_threads: int) -> Iterator[Batch]:
+  """Yields fn(start), fn(start + 1), ... (up to `stop`, or forever), in order.
+
+  With `num_threads` > 0 the calls run ahead in a grain thread pool (grain is
+  imported only then); with 0 they run inline, for in-memory data where a
+  batch costs microseconds.
+  """
+  if num_threads == 0:
+    steps = itertools.count(start) if stop is None else range(start, stop)
+    return (fn(step) for step in steps)
+  import grain  # pylint: disable=g-import-not-at-top  (only pipelines that decode need it)
+
+  stop = np.iinfo(np.int64).max if stop is None else stop
+  steps = grain.MapDataset.range(start, stop).map(fn)
+  options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
+  return iter(steps.to_iter_dataset(options))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
+class Dataset:
+  """A dataset for training and evaluation, with random-access batches.
+
+  Attributes:
+    name: the name `get_dataset` knows it by.
+    task: "classification" or "language_model".
+    num_classes: number of classes (the vocabulary size for a language model).
+    input_shape: shape of one example's inputs (no batch axis).
+    input_dtype: dtype of the inputs.
+    train_source: random access to the training examples.
+    eval_source: random access to the evaluation examples.
+    num_threads: threads that prepare batches ahead in iterators (0: inline).
+    metadata: dataset-specific facts (vocabulary, normalisation, files, ...).
+
+  Example:
+    >>> from dateopt.data import get_dataset
+    >>> ds = get_dataset("digits")
+    >>> batch = ds.train_batch(0, 32, seed=0)          # {"inputs", "labels"}
+    >>> for eval_batch in ds.eval_batches(100):        # {"inputs", "labels", "mask"}
+    ...   pass
+  """
+
+  name: str
+  task: str
+  num_classes: int
+  input_shape: tuple[int, ...]
+  input_dtype: np.dtype
+  train_source: ExampleSource = dataclasses.field(repr=False)
+  eval_source: ExampleSource = dataclasses.field(repr=False)
+  num_threads: int = 0
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+
+  def __post_init__(self):
+    check_choice("task", self.task, TASKS)
+
+  @property
+  def num_train_examples(self) -> int:
+    return len(self.train_source)
+
+  @property
+  def num_eval_examples(self) -> int:
+    return len(self.eval_source)
+
+  def steps_per_epoch(self, global_batch_size: int) -> int:
+    """Full global batches per epoch (the last partial batch is dropped).
+
+    Raises:
+      ValueError: if the batch is larger than the training set.
+    """
+    check_type("global_batch_size", global_batch_size, int, "a positive int")
+    check_range("global_batch_size", global_batch_size, low=1)
+    if global_batch_size > self.num_train_examples:
+      raise ValueError(f"global_batch_size ({global_batch_size}) exceeds the "
+                       f"{self.num_train_examples} training examples of {self.name!r}.")
+    return self.num_train_examples // global_batch_size
+
+  def train_batch(self, step: int, global_batch_size: int, *, seed: int, process_index: int = 0,
+                  process_count: int = 1, augment: bool = True) -> Batch:
+    """This process's slice of the training batch of global step `step`.
+
+    Deterministic in (seed, step, global_batch_size, process): epoch
+    `step // steps_per_epoch` uses the permutation seeded by (seed, epoch),
+    and augmentation randomness comes from (seed, epoch, example index).
+
+    Args:
+      step: global step, >= 0.
+      global_batch_size: examples per step over all processes.
+      seed: data seed, >= 0.
+      process_index: this process (`jax.process_index()`).
+      process_count: number of processes (`jax.process_count()`).
+      augment: False gives the evaluation-style preprocessing of the same
+        training examples (for final polishing / precise BN statistics).
+
+    Returns:
+      {"inputs": (global_batch_size // process_count, *input_shape),
+       "labels": (global_batch_size // process_count, ...) int32}.
+    """
+    self._check_seed_and_step(seed, step)
+    rows = process_rows(global_batch_size, process_index, process_count)
+    epoch, step_in_epoch = divmod(step, self.steps_per_epoch(global_batch_size))
+    order = epoch_permutation(self.num_train_examples, seed, epoch)
+    indices = order[step_in_epoch * global_batch_size:(step_in_epoch + 1) * global_batch_size][rows]
+    return self.train_source.gather(indices, (seed, epoch) if augment else None)
+
+  def train_iterator(self, global_batch_size: int, *, seed: int, start_step: int = 0,
+                     process_index: int = 0, process_count: int = 1, augment: bool = True,
+                     num_steps: int | None = None) -> Iterator[Batch]:
+    """Yields `train_batch(step, ...)` for step = start_step, start_step + 1, ...
+
+    Endless unless `num_steps` is given. Batches are prepared ahead in
+    `num_threads` threads when the dataset has any; the output is the same.
+    """
+    self._check_seed_and_step(seed, start_step)
+    process_rows(global_batch_size, process_index, process_count)
+    self.steps_per_epoch(global_batch_size)
+    if num_steps is not None:
+      check_type("num_steps", num_steps, int, "a non-negative int or None")
+      check_range("num_steps", num_steps, low=0)
+    make_batch = functools.partial(self._train_batch_at, global_batch_size=global_batch_size,
+                                   seed=seed, process_index=process_index,
+                                   process_count=process_count, augment=augment)
+    stop = None if num_steps is None else start_step + num_steps
+    return map_in_order(make_batch, start_step, stop, self.num_threads)
+
+  def num_eval_batches(self, global_batch_size: int) -> int:
+    """Global eval batches needed to cover every eval example once (last one padded)."""
+    check_type("global_batch_size", global_batch_size, int, "a positive int")
+    check_range("global_batch_size", global_batch_size, low=1)
+    return -(-self.num_eval_examples // global_batch_size)
+
+  def eval_batches(self, global_batch_size: int, *, process_index: int = 0,
+                   process_count: int = 1) -> Iterator[Batch]:
+    """One pass over the eval split in order; every batch has "inputs", "labels", "mask".
+
+    All batches are full-sized: the rows past the end of the split (in the
+    last batch) repeat example 0 with mask 0.0; real rows have mask 1.0. Over
+    all processes every eval example appears exactly once with mask 1.0.
+    """
+    process_rows(global_batch_size, process_index, process_count)
+    make_batch = functools.partial(self._eval_batch_at, global_batch_size=global_batch_size,
+                                   process_index=process_index, process_count=process_count)
+    return map_in_order(make_batch, 0, self.num_eval_batches(global_batch_size), self.num_threads)
+
+  def _train_batch_at(self, step: int, **kwargs) -> Batch:
+    return self.train_batch(step, **kwargs)
+
+  def _eval_batch_at(self, batch_index: int, *, global_batch_size: int, process_index: int,
+                     process_count: int) -> Batch:
+    rows = process_rows(global_batch_size, process_index, process_count)
+    positions = np.arange(batch_index * global_batch_size,
+                          (batch_index + 1) * global_batch_size)[rows]
+    is_real = positions < self.num_eval_examples
+    batch = self.eval_source.gather(np.where(is_real, positions, 0), None)
+    batch["mask"] = is_real.astype(np.float32)
+    return batch
+
+  @staticmethod
+  def _check_seed_and_step(seed: int, step: int) -> None:
+    check_type("seed", seed, (int, np.integer), "a non-negative int")
+    check_range("seed", seed, low=0)
+    check_type("step", step, (int, np.integer), "a non-negative int")
+    check_range("step", step, low=0)

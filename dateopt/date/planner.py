@@ -1,0 +1,275 @@
+"""DATE static planning: `plan` a large-batch recipe from a tuned one, `explain` it."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Mapping
+
+from dateopt import schedules
+from dateopt.date.recipe import MOMENTUM_OPTIMIZERS, Recipe
+from dateopt.date.stats import expected_efficiency
+from dateopt.validation import check_choice, check_range, check_type
+
+STRATEGIES = ("legw", "linear", "sqrt", "none")
+
+# The LR rule each strategy applies to the peak (and the whole LR curve).
+_LR_RULES = {"legw": "sqrt", "linear": "linear", "sqrt": "sqrt", "none": "none"}
+
+# Families promoted to a layer-wise adaptive one above the promotion threshold.
+_PROMOTIONS = {"momentum": "lars", "nesterov": "lars", "adam": "lamb", "adamw": "lamb"}
+
+# A trust ratio changes what the LR means (a relative per-layer step), so a
+# promoted recipe takes its peak LR from a published recipe of the new family,
+# (batch size, peak LR), scaled to the target batch by the strategy's rule.
+DEFAULT_PROMOTION_ANCHORS = {
+    # LEGW ResNet-50/ImageNet with LARS (REFERENCE.md §3): 2^2.5 at batch 1K.
+    "lars": (1024, 2 ** 2.5),
+    # NVIDIA's BERT pre-training with LAMB (DeepLearningExamples, phase 1).
+    "lamb": (65536, 6e-3),
+}
+
+DEFAULT_PROMOTE_ABOVE = 8192
+
+
+class LargeBatchWarning(UserWarning):
+  """The planned batch is far beyond the measured critical batch size."""
+
+
+def plan(
+    baseline: Recipe,
+    batch_size: int,
+    strategy: str = "legw",
+    *,
+    promote: bool | None = None,
+    promote_above: int = DEFAULT_PROMOTE_ABOVE,
+    batch_norm: bool = True,
+    promotion_anchors: Mapping[str, tuple[int, float]] | None = None,
+    momentum_scaling: bool = False,
+    noise_scale: float | None = None,
+    critical_batch_factor: float = 4.0,
+) -> Recipe:
+  """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
+
+  With k = batch_size / baseline.batch_size, the strategies are:
+    * "legw" (default): peak LR × √k and warmup × k epochs, the same decay over
+      the same epochs (You et al., "Large-Batch Training for LSTM and Beyond",
+      SC'19). The warmup lasts as many steps as the baseline's.
+    * "linear": peak LR × k, a 5-epoch warmup starting from the baseline LR
+      (Goyal et al. 2017).
+    * "sqrt": peak LR × √k, warmup epochs unchanged.
+    * "none": only the batch size changes.
+  The whole LR curve keeps its shape: `end_lr` and `warmup_init_lr` scale
+  with the peak.
+
+  Optimizer promotion (on by default for "legw"): above `promote_above`,
+  momentum-SGD with batch norm becomes LARS and Adam(W) becomes LAMB, the
+  layer-wise adaptive optimizers built for large batches (You et al. 2017,
+  2019). The promoted peak LR is re-based on `promotion_anchors[family]`
+  (a tuned (batch, LR) of that family) and scaled by the strategy's rule.
+
+  Momentum scaling (off by default; Smith et al. 2017, "Don't decay the
+  learning rate, increase the batch size"): keeping the SGD noise scale with
+  B ∝ 1/(1 − m) gives 1 − m' = (1 − m)/k. This raises the effective LR
+  lr/(1 − m) by k on top of the strategy's LR rule.
+
+  With a measured `noise_scale` (B_noise, McCandlish et al. 2018; from
+  `track_statistics` at the baseline), the expected efficiency
+  gain(k)/k of the target batch (AdaScale, Johnson et al. 2020) is recorded in
+  the rationale, and a `LargeBatchWarning` is issued when batch_size exceeds
+  `critical_batch_factor` × B_noise.
+
+  Args:
+    baseline: the tuned small-batch recipe.
+    batch_size: the target global batch size.
+    strategy: "legw", "linear", "sqrt" or "none".
+    promote: promote the optimizer family (None: only for "legw").
+    promote_above: promote only when batch_size is above this.
+    batch_norm: the model uses batch norm (momentum-SGD → LARS needs it).
+    promotion_anchors: {family: (batch_size, peak_lr)}; defaults to
+      `DEFAULT_PROMOTION_ANCHORS`.
+    momentum_scaling: apply Smith et al.'s momentum rule.
+    noise_scale: a measured gradient noise scale B_noise, in examples.
+    critical_batch_factor: warn above this multiple of B_noise.
+
+  Returns:
+    The planned `Recipe`; its `rationale` says which rule set each field.
+
+  Raises:
+    ValueError: naming the field, for a bad argument or an impossible plan
+      (e.g. a warmup scaled past the end of training).
+
+  Example:
+    >>> base = Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
+    ...               learning_rate=2**2.5, optimizer="lars", warmup_epochs=0.3125,
+    ...               decay="polynomial", end_lr=1e-4)
+    >>> big = plan(base, 32768)
+    >>> round(big.learning_rate, 3), big.warmup_epochs
+    (32.0, 10.0)
+  """
+  check_type("baseline", baseline, Recipe, "a dateopt.date.Recipe")
+  check_type("batch_size", batch_size, numbers.Integral, "an int")
+  check_range("batch_size", batch_size, low=0, low_inclusive=False)
+  batch_size = int(batch_size)
+  check_choice("strategy", strategy, STRATEGIES)
+  check_range("promote_above", promote_above, low=0)
+  check_range("critical_batch_factor", critical_batch_factor, low=0.0,
+              low_inclusive=False)
+  anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
+  if promote is None:
+    promote = strategy == "legw"
+
+  k = batch_size / baseline.batch_size
+  rule = _LR_RULES[strategy]
+  changes = {"batch_size": batch_size}
+  why = {"batch_size": f"target batch: k = {k:g} × baseline"}
+
+  family = _promoted_family(baseline, batch_size, promote, promote_above, batch_norm)
+  if family != baseline.optimizer:
+    anchor_batch, anchor_lr = anchors[family]
+    peak = schedules.scale_learning_rate(anchor_lr, anchor_batch, batch_size, rule)
+    changes.update(optimizer=family, eps=None, optimizer_options={})
+    why["optimizer"] = (f"promoted above batch {promote_above}: "
+                        f"{baseline.optimizer} → {family} (You et al. 2017/2019)")
+    why["learning_rate"] = (f"re-based on the {family} anchor {anchor_lr:g} at batch "
+                            f"{anchor_batch}, then {_RULE_TEXT[rule](anchor_batch, batch_size)}")
+    why["eps"] = f"{family}'s default"
+    why["optimizer_options"] = f"dropped: options of {baseline.optimizer}"
+  else:
+    peak = schedules.scale_learning_rate(baseline.learning_rate, baseline.batch_size,
+                                         batch_size, rule)
+    why["learning_rate"] = _RULE_TEXT[rule](baseline.batch_size, batch_size)
+  changes["learning_rate"] = peak
+  curve = peak / baseline.learning_rate  # the rest of the LR curve keeps its shape
+  changes["end_lr"] = baseline.end_lr * curve
+  changes["warmup_init_lr"] = baseline.warmup_init_lr * curve
+  why["end_lr"] = why["warmup_init_lr"] = f"scaled with the peak (× {curve:.4g})"
+
+  changes.update(_planned_warmup(baseline, batch_size, strategy, why))
+  if momentum_scaling and family in MOMENTUM_OPTIMIZERS:
+    changes["momentum"] = max(0.0, 1.0 - (1.0 - baseline.momentum) / k)
+    why["momentum"] = f"Smith et al. 2017: B ∝ 1/(1 − m), so 1 − m ÷ {k:g}"
+  if noise_scale is not None:
+    why["expected efficiency"] = _efficiency_note(
+        noise_scale, baseline.batch_size, batch_size, critical_batch_factor)
+
+  try:
+    return baseline.replace(**changes, rationale=why)
+  except ValueError as e:
+    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy "
+                     f"{strategy!r} from batch {baseline.batch_size})") from e
+
+
+_RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak
+    "sqrt": lambda b0, b: (f"sqrt scaling × √{b / b0:g} = × {math.sqrt(b / b0):.4g} "
+                           f"(You et al. SC'19)"),
+    "linear": lambda b0, b: f"linear scaling × {b / b0:g} (Goyal et al. 2017)",
+    "none": lambda b0, b: "unchanged (strategy 'none')",
+}
+
+
+def _promoted_family(baseline, batch_size, promote, promote_above, batch_norm) -> str:
+  """The optimizer family of the plan: the baseline's, or its promotion."""
+  family = _PROMOTIONS.get(baseline.optimizer)
+  if not promote or batch_size <= promote_above or family is None:
+    return baseline.optimizer
+  if family == "lars" and not batch_norm:
+    return baseline.optimizer
+  return family
+
+
+def _planned_warmup(baseline: Recipe, batch_size: int, strategy: str,
+                    why: dict) -> dict:
+  """The warmup fields of the plan, with their reasons added to `why`."""
+  if strategy == "legw":
+    epochs = schedules.legw_warmup_epochs(baseline.warmup_epochs,
+                                          baseline.batch_size, batch_size)
+    why["warmup_epochs"] = (f"LEGW: × k = × {batch_size / baseline.batch_size:g} "
+                            f"epochs (same steps as the baseline)")
+    if baseline.warmup_epochs == 0 and batch_size > baseline.batch_size:
+      why["warmup_epochs"] += "; the baseline has no warmup to scale"
+      warnings.warn("LEGW scales the baseline's warmup, and it has none: the "
+                    "planned recipe has no warmup either. Give the baseline one "
+                    "(or use strategy='linear').", UserWarning, stacklevel=3)
+    return {"warmup_epochs": epochs}
+  if strategy == "linear":
+    why["warmup_epochs"] = "Goyal et al. 2017: 5-epoch gradual warmup"
+    why["warmup_init_lr"] = "Goyal et al. 2017: warmup starts at the baseline LR"
+    return {"warmup_epochs": schedules.GOYAL_WARMUP_EPOCHS,
+            "warmup_init_lr": baseline.learning_rate}
+  return {}
+
+
+def _efficiency_note(noise_scale, base_batch_size, batch_size, factor) -> str:
+  """The efficiency row of the rationale; warns far beyond the critical batch."""
+  check_range("noise_scale", noise_scale, low=0.0, low_inclusive=False)
+  noise_scale = float(noise_scale)
+  efficiency = expected_efficiency(noise_scale, base_batch_size, batch_size)
+  if batch_size > factor * noise_scale:
+    warnings.warn(
+        f"batch_size={batch_size} is {batch_size / noise_scale:.1f}× the measured "
+        f"critical batch B_noise≈{noise_scale:.0f}: each step is worth only "
+        f"{efficiency:.2f} of the k-fold speed-up (McCandlish et al. 2018).",
+        LargeBatchWarning, stacklevel=3)
+  return (f"{efficiency:.3f} = gain(k)/k for B_noise = {noise_scale:,.0f} "
+          f"(McCandlish et al. 2018; AdaScale gain, Johnson et al. 2020)")
+
+
+# --------------------------------------------------------------------------
+# explain
+# --------------------------------------------------------------------------
+
+_DERIVED_ROWS = ("steps_per_epoch", "warmup_steps", "total_steps")
+
+
+def explain(baseline: Recipe, planned: Recipe) -> str:
+  """A readable table, one row per hyper-parameter: baseline, planned, and why.
+
+  Rows cover the fields either recipe's optimizer family and decay read, the
+  derived step counts, and any extra note of the plan (such as the expected
+  efficiency). The rule comes from `planned.rationale`; a field without one is
+  "unchanged" or "set by hand".
+
+  Example:
+    >>> base = Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
+    ...               learning_rate=2**2.5, optimizer="lars", warmup_epochs=0.3125)
+    >>> print(explain(base, plan(base, 4096)))   # doctest: +ELLIPSIS
+    hyper-parameter ...
+    batch_size         1024 ...
+  """
+  check_type("baseline", baseline, Recipe, "a dateopt.date.Recipe")
+  check_type("planned", planned, Recipe, "a dateopt.date.Recipe")
+  used = set(baseline.used_fields()) | set(planned.used_fields())
+  names = [n for n in planned.to_dict() if n in used]
+  rows = [("hyper-parameter", "baseline", "planned", "rule")]
+  for name in names + list(_DERIVED_ROWS):
+    before, after = getattr(baseline, name), getattr(planned, name)
+    if name in planned.rationale:
+      rule = planned.rationale[name]
+    elif name in _DERIVED_ROWS:
+      rule = "derived (epochs → steps)"
+    else:
+      rule = "unchanged" if before == after else "set by hand"
+    rows.append((name, _show(before), _show(after), rule))
+  fields = planned.to_dict()
+  for note, text in planned.rationale.items():
+    if note not in fields:  # notes about the plan itself, not about a field
+      rows.append((note, "", "", text))
+  widths = [max(len(r[i]) for r in rows) for i in range(3)]
+  return "\n".join(
+      "  ".join(cell.ljust(w) for cell, w in zip(r[:3], widths)) + "  " + r[3]
+      for r in rows)
+
+
+def _show(value) -> str:
+  """A short, readable rendering of a field value."""
+  if value is None:
+    return "None"
+  if isinstance(value, float):
+    return f"{value:.6g}"
+  if isinstance(value, tuple):
+    return ",".join(_show(v) for v in value) or "()"
+  if isinstance(value, Mapping):
+    return ",".join(f"{k}={_show(v)}" for k, v in value.items()) or "{}"
+  return str(value)

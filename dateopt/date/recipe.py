@@ -1,0 +1,258 @@
+"""`Recipe`: a frozen, validated, serialisable description of a training recipe."""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Mapping
+
+import ml_collections
+
+from dateopt import masks, schedules
+from dateopt.validation import check_choice, check_range, check_type
+
+OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb")
+MOMENTUM_OPTIMIZERS = ("momentum", "nesterov", "lars")
+
+# Which hyper-parameters each optimizer family and each decay actually reads.
+_OPTIMIZER_FIELDS = {
+    "sgd": (),
+    "momentum": ("momentum",),
+    "nesterov": ("momentum",),
+    "adam": ("b1", "b2", "eps"),
+    "adamw": ("b1", "b2", "eps"),
+    "lars": ("momentum", "trust_coefficient", "eps"),
+    "lamb": ("b1", "b2", "eps"),
+}
+_DECAY_FIELDS = {
+    "polynomial": ("decay_power", "end_lr"),
+    "cosine": ("end_lr",),
+    "exponential": ("decay_rate", "decay_every_epochs", "end_lr"),
+    "multistep": ("decay_epochs", "decay_rate"),
+    "constant": (),
+}
+_ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
+                "optimizer", "weight_decay", "mask", "warmup_epochs",
+                "warmup_init_lr", "decay", "grad_clip_norm", "label_smoothing",
+                "drop_remainder", "optimizer_options")
+
+
+def _spec(default: Any = dataclasses.MISSING, *, kind: str, **checks) -> Any:
+  """A dataclass field whose metadata says how `Recipe` validates it."""
+  metadata = {"kind": kind, **checks}
+  if kind == "mapping":  # dicts: built per instance, left out of the hash
+    return dataclasses.field(default_factory=dict, hash=False, metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def _normalise(name: str, value: Any, kind: str) -> Any:
+  """Checks `value`'s type for a field of `kind` and returns its canonical form."""
+  if kind == "int":
+    check_type(name, value, numbers.Integral, "an int")
+    return int(value)
+  if kind == "float":
+    check_type(name, value, numbers.Real, "a number")
+    return float(value)
+  if kind == "optional_float":
+    return None if value is None else _normalise(name, value, "float")
+  if kind == "str":
+    check_type(name, value, str, "a string")
+    return value
+  if kind == "bool":
+    check_type(name, value, bool, "a bool")
+    return value
+  if kind == "float_tuple":
+    check_type(name, value, (list, tuple), "a list of numbers")
+    return tuple(_normalise(f"{name}[{i}]", v, "float") for i, v in enumerate(value))
+  if kind == "mapping":
+    check_type(name, value, Mapping, "a mapping")
+    return {_normalise(f"{name} key", k, "str"): _freeze(v) for k, v in value.items()}
+  raise AssertionError(kind)
+
+
+def _freeze(value: Any) -> Any:
+  """Lists become tuples so that a recipe compares equal after a round trip."""
+  return tuple(value) if isinstance(value, list) else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """A complete training recipe: batch, length, optimizer, schedule, regularisers.
+
+  Validated on construction: a field of the wrong type or out of range raises a
+  ValueError that names it. Serialises to a plain dict or an
+  `ml_collections.ConfigDict` and back.
+
+  Attributes:
+    batch_size: global batch size.
+    num_examples: training-set size (epochs → steps).
+    num_epochs: training length in epochs.
+    learning_rate: peak learning rate (reached at the end of the warmup).
+    optimizer: one of "sgd", "momentum", "nesterov", "adam", "adamw", "lars",
+      "lamb".
+    momentum: heavy-ball momentum (momentum, nesterov, lars).
+    b1: first-moment decay (adam, adamw, lamb).
+    b2: second-moment decay (adam, adamw, lamb).
+    eps: the family's epsilon (Adam denominator, LARS trust-ratio
+      denominator); None keeps the family's default.
+    trust_coefficient: LARS trust coefficient η.
+    weight_decay: weight decay (coupled L2 for sgd/momentum/nesterov/adam and
+      lars, decoupled for adamw and lamb).
+    mask: which parameters get weight decay (and the trust ratio, for lars and
+      lamb): a name in `dateopt.masks.NAMED_MASKS` ("exclude_bias_and_norm",
+      "all", "kernels") or a regex searched in the '/'-joined parameter path
+      (e.g. "/kernel$").
+    warmup_epochs: length of the linear warmup in epochs; < num_epochs.
+    warmup_init_lr: learning rate at step 0.
+    decay: "polynomial", "cosine", "exponential", "multistep" or "constant".
+    decay_power: polynomial power.
+    end_lr: polynomial/cosine end LR, exponential floor.
+    decay_epochs: multistep milestones in absolute epochs.
+    decay_rate: multistep factor, or exponential rate per decay_every_epochs.
+    decay_every_epochs: exponential decay period in epochs.
+    grad_clip_norm: clip gradients to this global norm first (None: no clip).
+    label_smoothing: label smoothing for the loss (read by the trainer).
+    drop_remainder: drop the last partial batch of each epoch (True) or keep
+      it as a smaller step (False).
+    optimizer_options: extra keyword arguments of the optimizer factory
+      (e.g. {"mode": "optax"} for lars, {"trust_bounds": (0, 10)} for lamb).
+    rationale: why each hyper-parameter has its value, keyed by field name
+      (filled by `plan`, shown by `explain`).
+
+  Example:
+    >>> r = Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
+    ...            learning_rate=2**2.5, optimizer="lars", warmup_epochs=0.3125,
+    ...            decay="polynomial", end_lr=1e-4, weight_decay=1e-4)
+    >>> r.steps_per_epoch, r.warmup_steps, r.total_steps
+    (1251, 391, 112590)
+  """
+
+  batch_size: int = _spec(kind="int", low=1)
+  num_examples: int = _spec(kind="int", low=1)
+  num_epochs: float = _spec(kind="float", low=0.0, low_inclusive=False)
+  learning_rate: float = _spec(kind="float", low=0.0, low_inclusive=False)
+  optimizer: str = _spec("momentum", kind="str", choices=OPTIMIZERS)
+  momentum: float = _spec(0.9, kind="float", low=0.0, high=1.0, high_inclusive=False)
+  b1: float = _spec(0.9, kind="float", low=0.0, high=1.0, high_inclusive=False)
+  b2: float = _spec(0.999, kind="float", low=0.0, high=1.0, high_inclusive=False)
+  eps: float | None = _spec(None, kind="optional_float", low=0.0)
+  trust_coefficient: float = _spec(0.001, kind="float", low=0.0, low_inclusive=False)
+  weight_decay: float = _spec(0.0, kind="float", low=0.0)
+  mask: str = _spec("exclude_bias_and_norm", kind="str")
+  warmup_epochs: float = _spec(0.0, kind="float", low=0.0)
+  warmup_init_lr: float = _spec(0.0, kind="float", low=0.0)
+  decay: str = _spec("cosine", kind="str", choices=schedules.DECAYS)
+  decay_power: float = _spec(2.0, kind="float", low=0.0, low_inclusive=False)
+  end_lr: float = _spec(0.0, kind="float", low=0.0)
+  decay_epochs: tuple[float, ...] = _spec(
+      schedules.GOYAL_DECAY_EPOCHS, kind="float_tuple")
+  decay_rate: float = _spec(0.1, kind="float", low=0.0, high=1.0,
+                            low_inclusive=False)
+  decay_every_epochs: float = _spec(1.0, kind="float", low=0.0, low_inclusive=False)
+  grad_clip_norm: float | None = _spec(None, kind="optional_float", low=0.0,
+                                       low_inclusive=False)
+  label_smoothing: float = _spec(0.0, kind="float", low=0.0, high=1.0,
+                                 high_inclusive=False)
+  drop_remainder: bool = _spec(True, kind="bool")
+  optimizer_options: Mapping[str, Any] = _spec(kind="mapping")
+  rationale: Mapping[str, str] = _spec(kind="mapping")
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      checks = dict(f.metadata)
+      value = _normalise(f.name, getattr(self, f.name), checks.pop("kind"))
+      choices = checks.pop("choices", None)
+      if choices is not None:
+        check_choice(f.name, value, choices)
+      elif checks and value is not None:
+        check_range(f.name, value, **checks)
+      object.__setattr__(self, f.name, value)
+    self._check_consistency()
+
+  def _check_consistency(self) -> None:
+    """Checks that involve more than one field."""
+    check_range("warmup_epochs", self.warmup_epochs, low=0.0,
+                high=self.num_epochs, high_inclusive=False)
+    if self.decay == "multistep":
+      for i, epoch in enumerate(self.decay_epochs):
+        check_range(f"decay_epochs[{i}]", epoch, low=self.warmup_epochs,
+                    high=self.num_epochs)
+      if list(self.decay_epochs) != sorted(self.decay_epochs):
+        raise ValueError(f"decay_epochs must be increasing; got {self.decay_epochs}.")
+    masks.from_name(self.mask)  # a known name, else a regex that must compile
+    for key, value in self.rationale.items():
+      check_type(f"rationale[{key!r}]", value, str, "a string")
+    schedules.steps_per_epoch(self.num_examples, self.batch_size,
+                              self.drop_remainder)
+    # Rounding to whole steps can still leave no training or no decay steps.
+    if self.total_steps < 1:
+      raise ValueError(f"num_epochs={self.num_epochs} is less than one step.")
+    if self.warmup_steps >= self.total_steps:
+      raise ValueError(
+          f"warmup_epochs={self.warmup_epochs} rounds to {self.warmup_steps} "
+          f"steps, not fewer than the {self.total_steps} training steps.")
+
+  # ---- steps, through the one epochs→steps converter -------------------
+
+  def epochs_to_steps(self, epochs: float) -> int:
+    """`schedules.epochs_to_steps` with this recipe's data size, batch and policy."""
+    return schedules.epochs_to_steps(epochs, self.num_examples, self.batch_size,
+                                     self.drop_remainder)
+
+  @property
+  def steps_per_epoch(self) -> int:
+    """Optimizer steps per epoch under this recipe's drop_remainder policy."""
+    return schedules.steps_per_epoch(self.num_examples, self.batch_size,
+                                     self.drop_remainder)
+
+  @property
+  def total_steps(self) -> int:
+    """Optimizer steps in the whole run."""
+    return self.epochs_to_steps(self.num_epochs)
+
+  @property
+  def warmup_steps(self) -> int:
+    """Optimizer steps of linear warmup."""
+    return self.epochs_to_steps(self.warmup_epochs)
+
+  def used_fields(self) -> tuple[str, ...]:
+    """Names of the fields this recipe's optimizer family and decay read."""
+    used = set(_ALWAYS_USED) | set(_OPTIMIZER_FIELDS[self.optimizer])
+    used |= set(_DECAY_FIELDS[self.decay])
+    return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
+
+  # ---- serialisation ----------------------------------------------------
+
+  def replace(self, **changes) -> "Recipe":
+    """A validated copy with `changes` applied."""
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    """A plain-Python dict of every field (tuples stay tuples)."""
+    return {f.name: _copy(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "Recipe":
+    """Builds a recipe from a dict; unknown keys raise a ValueError naming them."""
+    check_type("values", values, Mapping, "a mapping")
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in values:
+      if key not in names:
+        raise ValueError(f"Unknown Recipe field {key!r}; known fields: {', '.join(names)}.")
+    return cls(**{k: _copy(v) for k, v in values.items()})
+
+  def to_config(self) -> ml_collections.ConfigDict:
+    """The recipe as an `ml_collections.ConfigDict` (e.g. for a config file)."""
+    return ml_collections.ConfigDict(self.to_dict())
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "Recipe":
+    """Builds a recipe from a `ConfigDict` (as written by `to_config`)."""
+    check_type("config", config, (ml_collections.ConfigDict, Mapping),
+               "an ml_collections.ConfigDict")
+    values = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else config
+    return cls.from_dict(values)
+
+
+def _copy(value: Any) -> Any:
+  return dict(value) if isinstance(value, Mapping) else value

@@ -1,0 +1,154 @@
+"""Reference models for large-batch training (Flax Linen).
+
+Every model is called as
+`model.apply(variables, inputs, train=..., mutable=[...], rngs={"dropout": key})`
+and returns float32 logits: (B, num_classes) for classifiers, (B, T, vocab)
+for the language model. ResNets keep batch-norm statistics in the
+"batch_stats" collection (`mutable=["batch_stats"]` when `train=True`); the
+LSTMs have none, and the language model draws dropout from the "dropout" rng.
+
+This package is independent of `dateopt.data` and `dateopt.train` and never
+imports TensorFlow, tensorflow-datasets or grain.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from dateopt.models import create_model
+  >>> model = create_model("resnet_tiny", num_classes=10)
+  >>> x = jnp.zeros((8, 8, 8, 1))
+  >>> variables = model.init(jax.random.key(0), x, train=False)
+  >>> logits, updates = model.apply(variables, x, train=True, mutable=["batch_stats"])
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from dateopt.models.lstm import (
+    PTB_PRESETS,
+    LSTMClassifier,
+    LSTMLanguageModel,
+    make_lstm_classifier,
+    make_lstm_lm,
+    symmetric_uniform,
+)
+from dateopt.models.resnet import (
+    BN_EPSILON,
+    BN_MOMENTUM,
+    RESNET_CONFIGS,
+    BasicBlock,
+    BottleneckBlock,
+    GhostBatchNorm,
+    ResNet,
+    make_resnet,
+)
+from dateopt.validation import check_choice
+
+
+def _resnet_builder(name: str) -> Callable[..., nn.Module]:
+  def build(*, num_classes=None, dtype=jnp.float32, bn_group_size=None, num_filters=None,
+            stage_sizes=None, stem=None):
+    return make_resnet(name, num_classes=num_classes, dtype=dtype, bn_group_size=bn_group_size,
+                       num_filters=num_filters, stage_sizes=stage_sizes, stem=stem)
+  return build
+
+
+_BUILDERS: dict[str, Callable[..., nn.Module]] = {
+    **{name: _resnet_builder(name) for name in RESNET_CONFIGS},
+    "lstm_classifier": make_lstm_classifier,
+    "lstm_lm": make_lstm_lm,
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
+
+_COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def model_kwargs(name: str) -> tuple[str, ...]:
+  """The keyword arguments `create_model(name, ...)` accepts besides num_classes and dtype.
+
+  Example:
+    >>> model_kwargs("lstm_classifier")
+    ('hidden_size', 'num_layers')
+  """
+  check_choice("model name", name, MODEL_NAMES)
+  params = inspect.signature(_BUILDERS[name]).parameters
+  return tuple(p for p in params if p not in ("num_classes", "dtype"))
+
+
+def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.float32,
+                 **kwargs: Any) -> nn.Module:
+  """Builds a reference model by name.
+
+  Names and their extra keyword arguments:
+    - "resnet18", "resnet34", "resnet50", "resnet101", "resnet152": ResNet v1.5
+      (He et al. 2016), 1000 classes unless told; `bn_group_size` (ghost batch
+      norm, Hoffer et al. 2017), `num_filters`, `stage_sizes`, `stem`.
+    - "resnet_tiny": 3 stages x 1 basic block, 16 filters, 3x3 stem, no
+      max-pool (8x8 digits to 32x32 images), 10 classes unless told.
+    - "lstm_classifier": `hidden_size` (128), `num_layers` (1); 10 classes
+      unless told; inputs (B, T, F).
+    - "lstm_lm": Zaremba et al. 2014; `vocab_size` (or `num_classes`, the same
+      thing), `preset` ("ptb_small", "ptb_medium", "ptb_large"; default
+      shapes are ptb_small's), `hidden_size`, `num_layers`, `dropout`,
+      `init_scale`, `tie_embeddings` (False). Explicit kwargs override the
+      preset. The preset's unrolled length is `PTB_PRESETS[preset]["seq_len"]`.
+
+  Args:
+    name: one of `MODEL_NAMES`.
+    num_classes: classifier outputs (the vocabulary size for "lstm_lm").
+    dtype: compute dtype: float32, bfloat16 or float16 (or their names).
+      Parameters and batch-norm statistics stay float32.
+    **kwargs: model-specific fields, listed above and by `model_kwargs(name)`.
+
+  Returns:
+    A `flax.linen.Module`.
+
+  Raises:
+    ValueError: unknown name (the message lists the allowed ones), unknown
+      keyword argument or bad value (the message names the field).
+
+  Example:
+    >>> model = create_model("resnet50", num_classes=1000, dtype=jnp.bfloat16,
+    ...                      bn_group_size=32)
+    >>> lm = create_model("lstm_lm", preset="ptb_small", vocab_size=10_000)
+  """
+  check_choice("model name", name, MODEL_NAMES)
+  allowed = model_kwargs(name)
+  for key in kwargs:
+    if key not in allowed:
+      raise ValueError(f"create_model({name!r}) got an unknown argument {key!r}; "
+                       f"allowed: num_classes, dtype, {', '.join(allowed)}.")
+  return _BUILDERS[name](num_classes=num_classes, dtype=_compute_dtype(dtype), **kwargs)
+
+
+def _compute_dtype(dtype: Any) -> jnp.dtype:
+  try:
+    canonical = jnp.dtype(dtype)
+  except TypeError as error:
+    raise ValueError(f"dtype must be a floating dtype such as jnp.bfloat16; got {dtype!r}.") from error
+  check_choice("dtype", canonical, _COMPUTE_DTYPES)
+  return canonical
+
+
+__all__ = [
+    "BN_EPSILON",
+    "BN_MOMENTUM",
+    "BasicBlock",
+    "BottleneckBlock",
+    "GhostBatchNorm",
+    "LSTMClassifier",
+    "LSTMLanguageModel",
+    "MODEL_NAMES",
+    "PTB_PRESETS",
+    "RESNET_CONFIGS",
+    "ResNet",
+    "create_model",
+    "make_lstm_classifier",
+    "make_lstm_lm",
+    "make_resnet",
+    "model_kwargs",
+    "symmetric_uniform",
+]

@@ -1,0 +1,45 @@
+"""Training: DATE-planned data-parallel training, checkpoints, metrics, polishing.
+
+Example:
+  >>> from dateopt import train
+  >>> result = train.train_and_evaluate(train.default_config(), "/tmp/run")
+"""
+
+from dateopt.train.config import default_config
+from dateopt.train.parallel import initialize_distributed, make_mesh
+from dateopt.train.polish import polish_batch_stats
+from dateopt.train.steps import (
+    TrainState,
+    create_train_state,
+    cross_entropy,
+    eval_step,
+    train_step,
+)
+from dateopt.train.trainer import (
+    Experiment,
+    TrainResult,
+    build_experiment,
+    build_optimizer,
+    evaluate,
+    plan_recipe,
+    train_and_evaluate,
+)
+
+__all__ = [
+    "Experiment",
+    "TrainResult",
+    "TrainState",
+    "build_experiment",
+    "build_optimizer",
+    "create_train_state",
+    "cross_entropy",
+    "default_config",
+    "eval_step",
+    "evaluate",
+    "initialize_distributed",
+    "make_mesh",
+    "plan_recipe",
+    "polish_batch_stats",
+    "train_and_evaluate",
+    "train_step",
+]

@@ -1,0 +1,76 @@
+"""Metrics to a JSONL log and TensorBoard event files, and a console progress bar.
+
+Only process 0 writes; every other process gets no-op writers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def _scalar(value: Any) -> float:
+  value = float(np.asarray(value))
+  return value if math.isfinite(value) else float("nan")
+
+
+class MetricWriter:
+  """Writes scalars to `workdir/metrics.jsonl` and `workdir/tensorboard/`.
+
+  Example:
+    >>> writer = MetricWriter("/tmp/run")
+    >>> writer.write(10, {"train/loss": 0.5})
+    >>> writer.close()
+  """
+
+  def __init__(self, workdir: str, *, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    from tensorboardX import SummaryWriter  # imported here: optional at import time.
+    os.makedirs(workdir, exist_ok=True)
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    if not self.enabled:
+      return
+    values = {k: _scalar(v) for k, v in scalars.items()}
+    self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
+    self._jsonl.flush()
+    for key, value in values.items():
+      self._tensorboard.add_scalar(key, value, int(step))
+
+  def write_text(self, tag: str, text: str) -> None:
+    if self.enabled:
+      self._tensorboard.add_text(tag, f"<pre>{text}</pre>", 0)
+
+  def close(self) -> None:
+    if self.enabled:
+      self._jsonl.close()
+      self._tensorboard.close()
+
+
+class ProgressBar:
+  """A tqdm bar with step rate and ETA on the console of process 0."""
+
+  def __init__(self, total: int, initial: int, *, enabled: bool = True):
+    self._bar = None
+    if enabled:
+      from tqdm.auto import tqdm
+      self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+  def update(self, n: int = 1, **postfix: Any) -> None:
+    if self._bar is not None:
+      if postfix:
+        self._bar.set_postfix({k: f"{_scalar(v):.4g}" for k, v in postfix.items()},
+                              refresh=False)
+      self._bar.update(n)
+
+  def close(self) -> None:
+    if self._bar is not None:
+      self._bar.close()

@@ -1,0 +1,255 @@
+"""`train_and_evaluate`: DATE-planned, data-parallel training from one config.
+
+The config names a dataset, a model, a tuned baseline recipe and a target
+batch size. DATE plans the large-batch recipe (printed and saved as
+`recipe.json`), builds its optimizer wrapped in the statistics tracker and the
+divergence guard, and the train step runs under `jax.jit` over a mesh of every
+device of every process. Checkpoints make a restarted run resume exactly: the
+data order and dropout keys are pure functions of (seed, step).
+
+Example:
+  >>> from dateopt import train
+  >>> config = train.default_config()            # the MNIST-1D LSTM defaults
+  >>> config.baseline = dict(batch_size=32, num_epochs=2, learning_rate=1e-2,
+  ...                        optimizer="adam", decay="cosine")
+  >>> config.batch_size = 512                    # DATE plans the 16x batch
+  >>> result = train.train_and_evaluate(config, "/tmp/run")
+  >>> result.eval_metrics["accuracy"]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from dateopt import data as data_lib
+from dateopt import date
+from dateopt import masks
+from dateopt import models
+from dateopt.train import config as config_lib
+from dateopt.train import parallel
+from dateopt.train.checkpoint import Checkpointer
+from dateopt.train.metrics import MetricWriter, ProgressBar
+from dateopt.train.polish import polish_batch_stats
+from dateopt.train.steps import TrainState, create_train_state, eval_step, train_step
+
+
+@dataclasses.dataclass
+class TrainResult:
+  """What a finished run returns (process-local NumPy copies)."""
+
+  baseline: date.Recipe
+  recipe: date.Recipe
+  state: TrainState
+  eval_metrics: dict[str, float]
+  train_metrics: dict[str, float]
+  steps_per_second: float
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config before anything compiles."""
+
+  config: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  model: Any
+  baseline: date.Recipe
+  recipe: date.Recipe
+  mesh: jax.sharding.Mesh
+  num_train_steps: int
+  eval_batch_size: int
+
+
+def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> None:
+  if batch_size % divisor:
+    raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
+
+
+def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
+                ) -> tuple[date.Recipe, date.Recipe]:
+  """The baseline recipe from the config and DATE's plan for `config.batch_size`."""
+  baseline_fields = {"num_examples": num_examples, **config_lib.to_dict(config.baseline)}
+  try:
+    baseline = date.Recipe.from_dict(baseline_fields)
+  except ValueError as error:
+    raise ValueError(f"config.baseline: {error}") from error
+  if config.batch_size is None:
+    return baseline, baseline
+  planned = date.plan(baseline, int(config.batch_size), config.strategy,
+                      **config_lib.to_dict(config.plan))
+  return baseline, planned
+
+
+def build_experiment(config: ml_collections.ConfigDict,
+                     devices: Sequence[jax.Device] | None = None) -> Experiment:
+  """Validates the config and builds data, model, recipes and mesh (no compilation).
+
+  Raises:
+    ValueError: naming the config field at fault (unknown key, model or
+      dataset; a batch not divisible by the device count or gradient groups).
+    FileNotFoundError: the dataset's files are missing.
+  """
+  config_lib.check_known_keys(config)
+  dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
+                                 **config_lib.to_dict(config.dataset_kwargs))
+  model = models.create_model(config.model, num_classes=dataset.num_classes,
+                              dtype=config.compute_dtype,
+                              **config_lib.to_dict(config.model_kwargs))
+  baseline, recipe = plan_recipe(config, dataset.num_train_examples)
+  mesh = parallel.make_mesh(devices)
+  batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
+  _check_divisible(batch_field, recipe.batch_size, mesh.size, "the device count")
+  _check_divisible(batch_field, recipe.batch_size, jax.process_count(), "the process count")
+  if config.grad_groups > 1:
+    _check_divisible(batch_field, recipe.batch_size, config.grad_groups, "config.grad_groups")
+  eval_batch_size = int(config.eval_batch_size or recipe.batch_size)
+  _check_divisible("config.eval_batch_size", eval_batch_size, mesh.size, "the device count")
+  num_steps = recipe.total_steps if config.num_train_steps < 0 else int(config.num_train_steps)
+  return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size)
+
+
+def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe):
+  """DATE's optimizer for the recipe, with statistics and the guard as configured."""
+  tx, schedule = date.build(recipe)
+  if config.statistics:
+    tx = date.track_statistics(tx, trust_coefficient=recipe.trust_coefficient,
+                               weight_decay=recipe.weight_decay,
+                               mask=masks.from_name(recipe.mask))
+  if config.guard:
+    tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
+  return tx, schedule
+
+
+def _example_inputs(dataset: data_lib.Dataset) -> jax.Array:
+  return jnp.zeros((1,) + tuple(dataset.input_shape), dataset.input_dtype)
+
+
+def _save_recipes(workdir: str, exp: Experiment, report: str) -> None:
+  if jax.process_index() != 0:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "recipe.json"), "w", encoding="utf-8") as f:
+    json.dump({"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict()}, f,
+              indent=2, default=str)
+  with open(os.path.join(workdir, "recipe.txt"), "w", encoding="utf-8") as f:
+    f.write(report + "\n")
+
+
+def evaluate(exp: Experiment, state: TrainState, step_fn) -> dict[str, float]:
+  """Accuracy and loss over the whole eval split (padding masked out)."""
+  totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
+  for batch in exp.dataset.eval_batches(exp.eval_batch_size, process_index=jax.process_index(),
+                                        process_count=jax.process_count()):
+    sums = step_fn(state, parallel.global_batch(batch, exp.mesh))
+    for key, value in parallel.to_host(sums).items():
+      totals[key] += float(value)
+  count = max(totals["count"], 1.0)
+  loss = totals["loss_sum"] / count
+  metrics = {"loss": loss, "accuracy": totals["correct_sum"] / count}
+  if exp.dataset.task == "language_model":
+    metrics["perplexity"] = float(np.exp(min(loss, 50.0)))
+  return metrics
+
+
+def _every(step: int, period: int, last: int) -> bool:
+  return step == last or (period > 0 and step % period == 0)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
+                       devices: Sequence[jax.Device] | None = None) -> TrainResult:
+  """Plans the recipe with DATE, trains it data-parallel, evaluates and checkpoints.
+
+  Args:
+    config: a `default_config()`-shaped ConfigDict (see `configs/`).
+    workdir: checkpoints, `recipe.json`, `metrics.jsonl` and TensorBoard events;
+      a run restarted with the same workdir resumes from its latest checkpoint.
+    devices: the mesh's devices (default: every device of every process).
+
+  Returns:
+    A `TrainResult` with the recipes, final state (NumPy) and metrics.
+  """
+  exp = build_experiment(config, devices)
+  lead = jax.process_index() == 0
+  report = date.explain(exp.baseline, exp.recipe)
+  if lead:
+    print(f"DATE plan ({exp.baseline.batch_size} -> {exp.recipe.batch_size}, "
+          f"strategy {config.strategy!r}, {exp.num_train_steps} steps on {exp.mesh.size} "
+          f"devices / {jax.process_count()} processes):\n{report}", flush=True)
+  _save_recipes(workdir, exp, report)
+  tx, schedule = build_optimizer(config, exp.recipe)
+
+  replicated = parallel.replicated(exp.mesh)
+  init = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=config.seed),
+                 out_shardings=replicated)
+  state = init(_example_inputs(exp.dataset))
+  checkpointer = (Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
+                  if config.checkpoint_every_steps >= 0 else None)
+  if checkpointer is not None:
+    state = checkpointer.restore_or(state)
+  start_step = int(parallel.to_host(state.step))
+
+  step_fn = jax.jit(
+      functools.partial(train_step, model=exp.model, tx=tx, schedule=schedule,
+                        num_classes=exp.dataset.num_classes, seed=config.seed,
+                        label_smoothing=exp.recipe.label_smoothing,
+                        grad_groups=config.grad_groups if config.grad_groups > 1 else 0),
+      out_shardings=(replicated, replicated), donate_argnums=0)
+  eval_fn = jax.jit(functools.partial(eval_step, model=exp.model,
+                                      num_classes=exp.dataset.num_classes),
+                    out_shardings=replicated)
+
+  writer = MetricWriter(workdir, enabled=lead)
+  if start_step == 0:
+    writer.write_text("recipe", report)
+  steps_per_epoch = exp.dataset.steps_per_epoch(exp.recipe.batch_size)
+  eval_every = steps_per_epoch if config.eval_every_steps < 0 else config.eval_every_steps
+  last = exp.num_train_steps
+  progress = ProgressBar(last, start_step, enabled=lead and config.progress_bar)
+  batches = exp.dataset.train_iterator(exp.recipe.batch_size, seed=config.seed,
+                                       start_step=start_step,
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+  train_metrics, eval_metrics = {}, {}
+  started, timed_steps = None, 0
+  for step in range(start_step + 1, last + 1):
+    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh))
+    if started is None:  # time from the second step: the first one compiles.
+      jax.block_until_ready(state.step)
+      started = time.perf_counter()
+    else:
+      timed_steps += 1
+    if _every(step, config.log_every_steps, last):
+      train_metrics = parallel.to_host(metrics)
+      writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+      progress.update(0, loss=train_metrics["loss"], lr=train_metrics["learning_rate"])
+    progress.update(1)
+    if _every(step, eval_every, last) and (eval_every > 0 or step == last):
+      eval_metrics = evaluate(exp, state, eval_fn)
+      writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+    if checkpointer is not None and _every(step, config.checkpoint_every_steps, last):
+      checkpointer.save(step, state)
+  jax.block_until_ready(state)
+  elapsed = time.perf_counter() - started if started else 0.0
+  progress.close()
+
+  if config.polish_batches > 0 and state.batch_stats:
+    state = polish_batch_stats(state, exp, config.polish_batches)
+    eval_metrics = {f"polished_{k}": v for k, v in evaluate(exp, state, eval_fn).items()} | eval_metrics
+    writer.write(last, {f"eval/{k}": v for k, v in eval_metrics.items()})
+  if checkpointer is not None:
+    checkpointer.close()
+  writer.close()
+  if not eval_metrics and last > start_step - 1:
+    eval_metrics = evaluate(exp, state, eval_fn)
+  return TrainResult(exp.baseline, exp.recipe, parallel.to_host(state), eval_metrics,
+                     train_metrics, timed_steps / elapsed if elapsed > 0 else float("nan"))

@@ -1,0 +1,207 @@
+"""End-to-end training: every model family, 1 vs 8 devices, kill-and-resume, multi-host."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from dateopt import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(**overrides):
+  config = train.default_config()
+  config.dataset = "mnist1d"
+  config.dataset_kwargs = dict(num_samples=1200)
+  config.model = "lstm_classifier"
+  config.model_kwargs = dict(hidden_size=16)
+  config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adam", learning_rate=3e-3,
+                         warmup_epochs=0.1, decay="cosine")
+  config.batch_size = 64
+  config.num_train_steps = 6
+  config.log_every_steps = 2
+  config.checkpoint_every_steps = -1
+  config.progress_bar = False
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def _write_ptb(tmp_path):
+  rng = np.random.default_rng(0)
+  words = [f"w{i}" for i in range(30)]
+  for split, n in (("train", 400), ("valid", 60), ("test", 60)):
+    lines = [" ".join(rng.choice(words, size=12)) for _ in range(n // 12 + 1)]
+    (tmp_path / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
+  return str(tmp_path)
+
+
+def _assert_learning(result, workdir):
+  assert np.isfinite(result.train_metrics["loss"])
+  assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
+  with open(os.path.join(workdir, "recipe.json")) as f:
+    assert json.load(f)["planned"]["batch_size"] == result.recipe.batch_size
+  lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
+  assert any("train/date/noise_scale" in line for line in lines)
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+
+
+def test_lstm_classifier_end_to_end(tmp_path):
+  result = train.train_and_evaluate(_config(), str(tmp_path))
+  assert result.recipe.batch_size == 64 and result.baseline.batch_size == 16
+  # LEGW: peak LR x sqrt(4), warmup epochs x 4.
+  assert result.recipe.learning_rate == pytest.approx(2 * 3e-3)
+  assert result.recipe.warmup_epochs == pytest.approx(0.4)
+  _assert_learning(result, str(tmp_path))
+
+
+def test_resnet_tiny_with_lars_and_polishing(tmp_path):
+  config = _config(dataset="digits", model="resnet_tiny", polish_batches=2)
+  config.dataset_kwargs = {}
+  config.model_kwargs = {}
+  config.baseline = dict(batch_size=16, num_epochs=1, optimizer="lars", learning_rate=0.5,
+                         weight_decay=1e-4, warmup_epochs=0.1, decay="polynomial")
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result.recipe.optimizer == "lars"
+  assert "polished_accuracy" in result.eval_metrics
+  _assert_learning(result, str(tmp_path))
+
+
+def test_lstm_language_model_end_to_end(tmp_path):
+  config = _config(dataset="ptb", data_dir=_write_ptb(tmp_path),
+                   model="lstm_lm")
+  config.dataset_kwargs = dict(seq_len=5)
+  config.model_kwargs = dict(preset="ptb_small", hidden_size=16, num_layers=1)
+  config.baseline = dict(batch_size=8, num_epochs=1, optimizer="momentum", learning_rate=0.5,
+                         decay="constant")
+  config.batch_size = 16
+  config.num_train_steps = 4
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert np.isfinite(result.eval_metrics["perplexity"])
+  _assert_learning(result, str(tmp_path / "run"))
+
+
+def test_one_device_and_eight_devices_give_the_same_parameters(tmp_path):
+  config = _config(num_train_steps=5)
+  one = train.train_and_evaluate(config, str(tmp_path / "one"), devices=jax.devices()[:1])
+  eight = train.train_and_evaluate(config, str(tmp_path / "eight"))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6),
+               one.state.params, eight.state.params)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(batch_sise=64), "batch_sise"),
+    (dict(model="resnet9000"), "model"),
+    (dict(dataset="imagenet9000"), "dataset"),
+    (dict(batch_size=60), "batch_size"),
+    (dict(eval_batch_size=12), "eval_batch_size"),
+])
+def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
+  config = _config()
+  with config.unlocked():
+    for key, value in overrides.items():
+      config[key] = value
+  with pytest.raises(ValueError, match=match):
+    train.build_experiment(config)
+
+
+def test_missing_dataset_files_fail_before_compiling(tmp_path):
+  config = _config(dataset="ptb", data_dir=str(tmp_path / "nowhere"), model="lstm_lm")
+  config.dataset_kwargs = {}
+  config.model_kwargs = {}
+  with pytest.raises((FileNotFoundError, ValueError), match="nowhere"):
+    train.build_experiment(config)
+
+
+def test_bad_baseline_field_is_named(tmp_path):
+  config = _config()
+  config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adamm", learning_rate=1e-3)
+  with pytest.raises(ValueError, match="optimizer"):
+    train.build_experiment(config)
+
+
+# --- Subprocess runs: SIGKILL-and-resume, multi-host ---------------------------
+
+def _cli(workdir, *flags, env_devices=8, extra_env=None):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={env_devices}",
+             JAX_PLATFORMS="cpu", **(extra_env or {}))
+  return ([sys.executable, "-m", "dateopt.cli", "--config",
+           os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir), *flags],
+          env)
+
+
+def _final_state(workdir, like=None):
+  """The latest checkpoint; `like` gives the layout when it was saved on other devices."""
+  import orbax.checkpoint as ocp
+  target = None
+  if like is not None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), like)
+  with ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints")) as manager:
+    step = manager.latest_step()
+    return step, manager.restore(step, args=ocp.args.StandardRestore(target))
+
+
+def _final_params(workdir):
+  step, state = _final_state(workdir)
+  return step, state["params"]
+
+
+def test_sigkill_then_restart_equals_uninterrupted_run(tmp_path):
+  steps = ("--config.num_train_steps=120", "--config.checkpoint_every_steps=10")
+  cmd, env = _cli(tmp_path / "full", *steps)
+  subprocess.run(cmd, env=env, check=True, capture_output=True)
+
+  cmd, env = _cli(tmp_path / "killed", *steps)
+  proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  checkpoints = tmp_path / "killed" / "checkpoints"
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    done = [p for p in (os.listdir(checkpoints) if checkpoints.exists() else []) if p.isdigit()]
+    if done and int(max(done, key=int)) >= 20:
+      break
+    time.sleep(0.02)
+  assert proc.poll() is None, "the run finished before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  killed_at = max(int(p) for p in os.listdir(checkpoints) if p.isdigit())
+  assert killed_at < 120
+  subprocess.run(cmd, env=env, check=True, capture_output=True)
+
+  full_step, full = _final_params(tmp_path / "full")
+  resumed_step, resumed = _final_params(tmp_path / "killed")
+  assert full_step == resumed_step == 120
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b), full, resumed)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_equal_one_process(tmp_path):
+  steps = ("--config.num_train_steps=8", "--config.checkpoint_every_steps=8")
+  cmd, env = _cli(tmp_path / "single", *steps)
+  subprocess.run(cmd, env=env, check=True, capture_output=True)
+  port = _free_port()
+  procs = []
+  for pid in range(2):
+    cmd, env = _cli(tmp_path / "multi", *steps, f"--coordinator_address=localhost:{port}",
+                    "--num_processes=2", f"--process_id={pid}", env_devices=4)
+    procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+  for p in procs:
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out.decode()[-3000:]
+  _, single = _final_state(tmp_path / "single")
+  _, multi = _final_state(tmp_path / "multi", like=single)
+  single, multi = single["params"], multi["params"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), single, multi)

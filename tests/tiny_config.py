@@ -1,0 +1,16 @@
+"""A tiny MNIST-1D LSTM config for the subprocess tests (resume, multi-host)."""
+
+from dateopt.train import default_config
+
+
+def get_config():
+  config = default_config()
+  config.dataset_kwargs = dict(num_samples=1200)
+  config.model_kwargs = dict(hidden_size=16)
+  config.baseline = dict(batch_size=16, num_epochs=2, optimizer="adam", learning_rate=3e-3,
+                         warmup_epochs=0.1, decay="cosine")
+  config.batch_size = 64
+  config.log_every_steps = 10
+  config.eval_every_steps = 0
+  config.progress_bar = False
+  return config
