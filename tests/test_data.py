@@ -299,7 +299,8 @@ def test_imagenet_from_tfds_mock_data(mock_tfds):
   resized = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR), np.float32)
   top, left = (size[1] - 32) // 2, (size[0] - 32) // 2
   crop = resized[top:top + 32, left:left + 32]
-  expected = (crop - np.array([0.485, 0.456, 0.406]) * 255) / (np.array([0.229, 0.224, 0.225]) * 255)
+  mean, std = np.array([0.485, 0.456, 0.406]) * 255, np.array([0.229, 0.224, 0.225]) * 255
+  expected = (crop - mean) / std
   np.testing.assert_allclose(eval_batch["inputs"][1], expected, rtol=1e-5, atol=1e-5)
 
   train = ds.train_batch(0, 8, seed=0)
@@ -325,7 +326,8 @@ def test_imagenet_from_tfds_mock_data(mock_tfds):
 
 def test_inception_crop_boxes_respect_area_and_aspect():
   for seed in range(200):
-    top, left, height, width = image_ops.sample_inception_crop(375, 500, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    top, left, height, width = image_ops.sample_inception_crop(375, 500, rng)
     assert 0 <= top and top + height <= 375 and 0 <= left and left + width <= 500
     area = height * width / (375 * 500)
     assert 0.08 - 0.01 <= area <= 1.0

@@ -81,7 +81,8 @@ class ArraySource:
 
   def __post_init__(self):
     if len(self.inputs) != len(self.labels):
-      raise ValueError(f"inputs ({len(self.inputs)}) and labels ({len(self.labels)}) differ in length.")
+      raise ValueError(f"inputs ({len(self.inputs)}) and labels ({len(self.labels)}) "
+                       "differ in length.")
 
   def __len__(self) -> int:
     return len(self.labels)

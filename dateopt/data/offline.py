@@ -25,9 +25,9 @@ MNIST1D_DEFAULT_NUM_SAMPLES = 10_000
 MNIST1D_DEFAULT_SEED = 42  # the package's own default seed
 
 
-def mnist1d_arrays(num_samples: int = MNIST1D_DEFAULT_NUM_SAMPLES,
-                   seed: int = MNIST1D_DEFAULT_SEED,
-                   cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, np.ndarray], bool]:
+def mnist1d_arrays(
+    num_samples: int = MNIST1D_DEFAULT_NUM_SAMPLES, seed: int = MNIST1D_DEFAULT_SEED,
+    cache_dir: str | os.PathLike | None = None) -> tuple[dict[str, np.ndarray], bool]:
   """MNIST-1D train/test arrays, generated once and then read from the cache.
 
   Uses the package's default generation arguments
@@ -151,7 +151,8 @@ def build_digits(*, data_dir: str | None = None, seed: int = 0, test_fraction: f
       images, labels, test_size=test_fraction, random_state=seed, stratify=labels)
   return Dataset(name="digits", task="classification", num_classes=10,
                  input_shape=images.shape[1:], input_dtype=np.dtype(np.float32),
-                 train_source=ArraySource(x_train, y_train), eval_source=ArraySource(x_test, y_test))
+                 train_source=ArraySource(x_train, y_train),
+                 eval_source=ArraySource(x_test, y_test))
 
 
 class FakeImageSource:

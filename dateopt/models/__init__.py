@@ -128,7 +128,8 @@ def _compute_dtype(dtype: Any) -> jnp.dtype:
   try:
     canonical = jnp.dtype(dtype)
   except TypeError as error:
-    raise ValueError(f"dtype must be a floating dtype such as jnp.bfloat16; got {dtype!r}.") from error
+    raise ValueError(
+        f"dtype must be a floating dtype such as jnp.bfloat16; got {dtype!r}.") from error
   check_choice("dtype", canonical, _COMPUTE_DTYPES)
   return canonical
 

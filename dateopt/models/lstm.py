@@ -82,7 +82,8 @@ class LSTMClassifier(nn.Module):
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
     del train  # no dropout or batch statistics: same function in both modes.
     if x.ndim != 3:
-      raise ValueError(f"LSTMClassifier expects inputs (batch, time, features); got shape {x.shape}.")
+      raise ValueError("LSTMClassifier expects inputs (batch, time, features); "
+                       f"got shape {x.shape}.")
     x = _lstm_stack(jnp.asarray(x, self.dtype), self.hidden_size, self.num_layers, self.dtype)
     logits = nn.Dense(self.num_classes, dtype=self.dtype, name="head")(x[:, -1])
     return jnp.asarray(logits, jnp.float32)
