@@ -15,6 +15,7 @@ are imported explicitly, e.g. `from dateopt import train`.
 """
 
 from dateopt import masks
+from dateopt import schedules
 from dateopt.transforms import (
     LarsTrustRatioState,
     MomentumState,
@@ -25,10 +26,13 @@ from dateopt.transforms import (
     scale_by_momentum,
 )
 
+from dateopt import date  # noqa: E402  (layer 3 builds on the transforms above)
+
 __version__ = "0.1.0"
 
 __all__ = [
     "LarsTrustRatioState",
+    "date",
     "MomentumState",
     "lamb",
     "lars",
@@ -36,4 +40,5 @@ __all__ = [
     "scale_by_lamb_trust_ratio",
     "scale_by_lars_trust_ratio",
     "scale_by_momentum",
+    "schedules",
 ]

@@ -288,3 +288,12 @@ def test_guard_around_statistics_passes_both_extra_arguments_under_jit():
 def test_docstring_examples(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0
+
+
+def test_noise_scale_is_infinite_when_the_signal_estimate_is_not_positive():
+  # |G|² estimate = (B_big·|G_b|² − B_small·|G_s|²)/(B_big − B_small) < 0 here.
+  state = date.update_noise_scale(date.init_noise_scale(),
+                                  date.GradientSqNorms(5.0, 0.5, 10, 80))
+  assert float(state.grad_sq_ema) < 0
+  assert float(date.noise_scale(state)) == float("inf")
+  assert np.isnan(float(date.noise_scale(date.init_noise_scale())))

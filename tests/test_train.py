@@ -14,22 +14,18 @@ import pytest
 
 from dateopt import train
 
+import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**overrides):
-  config = train.default_config()
-  config.dataset = "mnist1d"
-  config.dataset_kwargs = dict(num_samples=1200)
-  config.model = "lstm_classifier"
-  config.model_kwargs = dict(hidden_size=16)
-  config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adam", learning_rate=3e-3,
-                         warmup_epochs=0.1, decay="cosine")
-  config.batch_size = 64
+  """The subprocess tests' tiny MNIST-1D LSTM config, shortened for in-process runs."""
+  config = tiny_config.get_config()
   config.num_train_steps = 6
   config.log_every_steps = 2
+  config.eval_every_steps = -1
   config.checkpoint_every_steps = -1
-  config.progress_bar = False
   for key, value in overrides.items():
     setattr(config, key, value)
   return config

@@ -194,9 +194,13 @@ def update_noise_scale(
 def noise_scale(state: NoiseScaleState) -> jax.Array:
   """B_noise = tr Σ / |G|² from the EMAs (NaN before the first measurement).
 
-  The EMAs' bias corrections are equal and cancel in the ratio.
+  The EMAs' bias corrections are equal and cancel in the ratio. Late in
+  training |G|² is small and its unbiased estimate can average to <= 0: the
+  noise then dominates the signal, the limit of the ratio, +inf, is returned
+  rather than a meaningless negative batch size.
   """
-  ratio = state.trace_ema / state.grad_sq_ema
+  ratio = state.trace_ema / jnp.where(state.grad_sq_ema > 0, state.grad_sq_ema, 1.0)
+  ratio = jnp.where(state.grad_sq_ema > 0, ratio, jnp.inf)
   return jnp.where(state.count > 0, ratio, jnp.nan)
 
 
