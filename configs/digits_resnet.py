@@ -16,5 +16,7 @@ def get_config():
       end_lr=1e-4, label_smoothing=0.1)
   config.batch_size = 256
   config.log_every_steps = 10
+  config.grad_groups = 2  # groups of 128 = 8 ghost-BN groups of 16
+  config.model_kwargs = dict(bn_group_size=16)
   config.polish_batches = 4  # Final Polishing: BN statistics on non-augmented data
   return config

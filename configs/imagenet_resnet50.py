@@ -25,5 +25,5 @@ def get_config():
   config.log_every_steps = 20
   config.checkpoint_every_steps = 200
   config.eval_every_steps = 4 * 39  # about every 4 epochs at 32K
-  config.polish_batches = 20
+  config.polish_batches = 20  # grad_groups 8: 4096-example groups, 64 ghost-BN groups each
   return config

@@ -21,5 +21,6 @@ def get_config():
       decay_power=2.0, end_lr=1e-4)
   config.batch_size = 32768
   config.strategy = "legw"
+  config.grad_groups = 0  # plain BN over the batch: no grouped gradients (no noise scale)
   config.checkpoint_every_steps = 200
   return config

@@ -44,8 +44,13 @@ def _value_at(value: ScalarOrSchedule, count: jax.Array) -> jax.Array:
   return value(count) if callable(value) else value
 
 
-def _sum_of_squares(x: jax.Array) -> jax.Array:
-  """Squared L2 norm in float32 (bf16/fp16 params would lose the sum)."""
+def sum_of_squares(x: jax.Array) -> jax.Array:
+  """Squared L2 norm in float32 (bf16/fp16 params would lose the sum).
+
+  Example:
+    >>> float(sum_of_squares(jnp.array([3.0, 4.0], jnp.bfloat16)))
+    25.0
+  """
   x = x.astype(jnp.float32)
   return jnp.sum(x * x)
 
@@ -116,14 +121,12 @@ def _lars_leaf_ratios(grads, params, flags, *, weight_decay, trust_coefficient, 
   selected = [i for i, f in enumerate(flags) if f]
   sums = []
   for i in selected:
-    g = grads[i].astype(jnp.float32)
-    w = params[i].astype(jnp.float32)
-    sums.append(jnp.sum(w * w))
+    sums.append(sum_of_squares(params[i]))
     if mode == "paper":
-      sums.append(jnp.sum(g * g))
+      sums.append(sum_of_squares(grads[i]))
     else:
-      d = g + weight_decay * w
-      sums.append(jnp.sum(d * d))
+      sums.append(sum_of_squares(grads[i].astype(jnp.float32)
+                                 + weight_decay * params[i].astype(jnp.float32)))
   sums = _psum_scalars(sums, axis_name)
   ratios = [None] * len(flags)
   for j, i in enumerate(selected):
@@ -402,7 +405,7 @@ def scale_by_lamb_trust_ratio(
     selected = [i for i, f in enumerate(flags) if f]
     sums = []
     for i in selected:
-      sums += [_sum_of_squares(w[i]), _sum_of_squares(r[i])]
+      sums += [sum_of_squares(w[i]), sum_of_squares(r[i])]
     sums = _psum_scalars(sums, axis_name)
     out = list(r)
     for j, i in enumerate(selected):
@@ -462,14 +465,14 @@ def clip_by_global_norm(max_norm: float, axis_name: AxisName = None
   Example:
     >>> tx = clip_by_global_norm(1.0)
   """
-  check_range("max_grad_norm", max_norm, low=0.0, low_inclusive=False)
+  check_range("max_norm", max_norm, low=0.0, low_inclusive=False)
   if axis_name is None:
     return optax.clip_by_global_norm(max_norm)
 
   def update_fn(updates, state, params=None):
     del params
     leaves = jax.tree.leaves(updates)
-    total = jax.lax.psum(sum(_sum_of_squares(x) for x in leaves), axis_name)
+    total = jax.lax.psum(sum(sum_of_squares(x) for x in leaves), axis_name)
     norm = jnp.sqrt(total)
     scale = jnp.where(norm > max_norm, max_norm / norm, 1.0)
     return jax.tree.map(lambda u: (u * scale).astype(u.dtype), updates), state
@@ -510,6 +513,7 @@ def lamb(
   check_range("weight_decay", weight_decay, low=0.0)
   _check_mask_arg(mask)
   transforms = []
+  check_range("max_grad_norm", max_grad_norm, low=0.0, low_inclusive=False)
   if max_grad_norm is not None:
     transforms.append(clip_by_global_norm(max_grad_norm, axis_name))
   transforms += [

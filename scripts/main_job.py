@@ -37,6 +37,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/mnist1d_lstm.py")
   parser.add_argument("--workdir", default="runs/mnist1d_lstm")
+  parser.add_argument("--num-epochs", type=int, default=None,
+                      help="override the baseline's epochs (both runs keep the same epochs)")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
@@ -46,6 +48,9 @@ def main():
   baseline_config = load_config(args.config)
   baseline_config.progress_bar = not args.no_progress
   baseline_config.batch_size = None  # the tuned baseline as it is
+  if args.num_epochs is not None:
+    for config in (planned_config, baseline_config):
+      config.baseline.num_epochs = args.num_epochs  # ConfigDict keeps the int type: pass an int
 
   base, base_seconds = run(baseline_config, os.path.join(args.workdir, "baseline"))
   big, big_seconds = run(planned_config, os.path.join(args.workdir, "planned"))

@@ -62,7 +62,7 @@ def test_lstm_classifier_end_to_end(tmp_path):
 def test_resnet_tiny_with_lars_and_polishing(tmp_path):
   config = _config(dataset="digits", model="resnet_tiny", polish_batches=2)
   config.dataset_kwargs = {}
-  config.model_kwargs = {}
+  config.model_kwargs = dict(bn_group_size=8)  # = the gradient groups' size: 64 / 8
   config.baseline = dict(batch_size=16, num_epochs=1, optimizer="lars", learning_rate=0.5,
                          weight_decay=1e-4, warmup_epochs=0.1, decay="polynomial")
   result = train.train_and_evaluate(config, str(tmp_path))
@@ -99,14 +99,19 @@ def test_one_device_and_eight_devices_give_the_same_parameters(tmp_path):
     (dict(dataset="imagenet9000"), "dataset"),
     (dict(batch_size=60), "batch_size"),
     (dict(eval_batch_size=12), "eval_batch_size"),
+    (dict(model="resnet_tiny", dataset="digits", dataset_kwargs={}, model_kwargs={}),
+     "grad_groups"),
+    (dict(plan={"stratgy": "x"}), "config.plan"),
+    (dict(guard_kwargs={"spike": 2.0}), "config.guard_kwargs"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
   config = _config()
   with config.unlocked():
     for key, value in overrides.items():
       config[key] = value
-  with pytest.raises(ValueError, match=match):
-    train.build_experiment(config)
+  with pytest.raises(ValueError, match=match):  # both builders run before any compile
+    experiment = train.build_experiment(config)
+    train.build_optimizer(config, experiment.recipe)
 
 
 def test_missing_dataset_files_fail_before_compiling(tmp_path):

@@ -54,8 +54,7 @@ class GradientSqNorms(NamedTuple):
 
 def tree_sq_norm(tree: Any) -> jax.Array:
   """Σ of squared entries over every leaf, accumulated in float32."""
-  leaves = jax.tree.leaves(tree)
-  return sum((jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves),
+  return sum((transforms.sum_of_squares(x) for x in jax.tree.leaves(tree)),
              jnp.zeros((), jnp.float32))
 
 

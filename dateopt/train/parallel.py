@@ -63,10 +63,6 @@ def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, ja
           for k, v in local_batch.items()}
 
 
-def local_device_count(mesh: Mesh) -> int:
-  return sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
-
-
 def to_host(tree: Any) -> Any:
   """Fully-replicated arrays to NumPy on every process."""
   return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)) if isinstance(x, jax.Array)

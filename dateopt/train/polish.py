@@ -15,6 +15,7 @@ import functools
 
 import jax
 
+from dateopt.models.resnet import BN_MOMENTUM
 from dateopt.train import parallel
 from dateopt.train.steps import TrainState, apply_model
 
@@ -31,7 +32,7 @@ def batch_moments(model, state: TrainState, inputs: jax.Array, *, bn_momentum: f
 
 
 def polish_batch_stats(state: TrainState, exp, num_batches: int, *,
-                       bn_momentum: float = 0.9) -> TrainState:
+                       bn_momentum: float = BN_MOMENTUM) -> TrainState:
   """Replaces `state.batch_stats` by their average over non-augmented train batches.
 
   Example:
@@ -41,7 +42,7 @@ def polish_batch_stats(state: TrainState, exp, num_batches: int, *,
     state: the trained state (replicated over `exp.mesh`).
     exp: the `Experiment` (dataset, model, mesh, recipe).
     num_batches: training batches to average over (eval-style preprocessing).
-    bn_momentum: the models' BN momentum (0.9 for dateopt's ResNets).
+    bn_momentum: the models' BN momentum (`dateopt.models.resnet.BN_MOMENTUM`).
   """
   moments_fn = jax.jit(functools.partial(batch_moments, exp.model, bn_momentum=bn_momentum),
                        out_shardings=parallel.replicated(exp.mesh))

@@ -66,7 +66,7 @@ def _loss_fn(model, num_classes, label_smoothing):
   """loss(params, batch, batch_stats) -> (mean loss, (new batch stats, accuracy))."""
 
   def loss_fn(params, batch, batch_stats):
-    # One dropout key per example travels in the batch, so gradient groups
+    # The dropout key travels in the batch (one per group), so gradient groups
     # (vmapped slices of the batch) draw different dropout masks.
     rng = batch["rng"][0]
     logits, new_stats = apply_model(model, params, batch_stats, batch["inputs"], train=True,
@@ -91,7 +91,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model,
   """
   batch_size = batch["labels"].shape[0]
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
-  batch = dict(batch, rng=jax.random.split(step_key, batch_size))
+  num_keys = max(grad_groups, 1)  # one key per gradient group, repeated over its rows
+  batch = dict(batch, rng=jnp.repeat(jax.random.split(step_key, num_keys),
+                                     batch_size // num_keys))
   loss_fn = _loss_fn(model, num_classes, label_smoothing)
   extra = {}
   if grad_groups > 1:

@@ -75,6 +75,23 @@ def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> No
     raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
 
 
+def gradient_groups(config: ml_collections.ConfigDict) -> int:
+  """Groups the gradient is taken over for the noise scale (0: a plain gradient)."""
+  return config.grad_groups if config.statistics and config.grad_groups > 1 else 0
+
+
+def _check_groups_keep_batch_norm(config: ml_collections.ConfigDict, group_size: int) -> None:
+  """Grouped gradients normalise each group alone: only ghost BN keeps its meaning."""
+  if not config.model.startswith("resnet"):
+    return
+  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
+  if bn_group is None or group_size % bn_group:
+    raise ValueError(
+        f"config.grad_groups={config.grad_groups} would compute batch norm over groups of "
+        f"{group_size} examples instead of the batch: set config.grad_groups=0 (no noise "
+        f"scale), or config.model_kwargs.bn_group_size to a divisor of {group_size}.")
+
+
 def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
                 ) -> tuple[date.Recipe, date.Recipe]:
   """The baseline recipe from the config and DATE's plan for `config.batch_size`."""
@@ -85,8 +102,11 @@ def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
     raise ValueError(f"config.baseline: {error}") from error
   if config.batch_size is None:
     return baseline, baseline
-  planned = date.plan(baseline, int(config.batch_size), config.strategy,
-                      **config_lib.to_dict(config.plan))
+  try:
+    planned = date.plan(baseline, int(config.batch_size), config.strategy,
+                        **config_lib.to_dict(config.plan))
+  except TypeError as error:  # an unknown keyword in config.plan
+    raise ValueError(f"config.plan: {error}") from error
   return baseline, planned
 
 
@@ -110,10 +130,15 @@ def build_experiment(config: ml_collections.ConfigDict,
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
   _check_divisible(batch_field, recipe.batch_size, mesh.size, "the device count")
   _check_divisible(batch_field, recipe.batch_size, jax.process_count(), "the process count")
-  if config.grad_groups > 1:
+  if not recipe.drop_remainder:
+    raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
+                     "its data pipeline drops the last partial batch of each epoch.")
+  if gradient_groups(config) > 1:
     _check_divisible(batch_field, recipe.batch_size, config.grad_groups, "config.grad_groups")
+    _check_groups_keep_batch_norm(config, recipe.batch_size // config.grad_groups)
   eval_batch_size = int(config.eval_batch_size or recipe.batch_size)
-  _check_divisible("config.eval_batch_size", eval_batch_size, mesh.size, "the device count")
+  eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
+  _check_divisible(eval_field, eval_batch_size, mesh.size, "the device count")
   num_steps = recipe.total_steps if config.num_train_steps < 0 else int(config.num_train_steps)
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size)
 
@@ -121,12 +146,15 @@ def build_experiment(config: ml_collections.ConfigDict,
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe):
   """DATE's optimizer for the recipe, with statistics and the guard as configured."""
   tx, schedule = date.build(recipe)
-  if config.statistics:
+  if config.guard:
+    try:
+      tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
+    except TypeError as error:  # an unknown keyword in config.guard_kwargs
+      raise ValueError(f"config.guard_kwargs: {error}") from error
+  if config.statistics:  # outside the guard, so skipped steps are recorded too
     tx = date.track_statistics(tx, trust_coefficient=recipe.trust_coefficient,
                                weight_decay=recipe.weight_decay,
                                mask=masks.from_name(recipe.mask))
-  if config.guard:
-    tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
   return tx, schedule
 
 
@@ -147,12 +175,12 @@ def _save_recipes(workdir: str, exp: Experiment, report: str) -> None:
 
 def evaluate(exp: Experiment, state: TrainState, step_fn) -> dict[str, float]:
   """Accuracy and loss over the whole eval split (padding masked out)."""
-  totals = {"loss_sum": 0.0, "correct_sum": 0.0, "count": 0.0}
+  totals = None
   for batch in exp.dataset.eval_batches(exp.eval_batch_size, process_index=jax.process_index(),
                                         process_count=jax.process_count()):
     sums = step_fn(state, parallel.global_batch(batch, exp.mesh))
-    for key, value in parallel.to_host(sums).items():
-      totals[key] += float(value)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  totals = {k: float(v) for k, v in parallel.to_host(totals).items()}  # one transfer
   count = max(totals["count"], 1.0)
   loss = totals["loss_sum"] / count
   metrics = {"loss": loss, "accuracy": totals["correct_sum"] / count}
@@ -202,7 +230,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       functools.partial(train_step, model=exp.model, tx=tx, schedule=schedule,
                         num_classes=exp.dataset.num_classes, seed=config.seed,
                         label_smoothing=exp.recipe.label_smoothing,
-                        grad_groups=config.grad_groups if config.grad_groups > 1 else 0),
+                        grad_groups=gradient_groups(config)),
       out_shardings=(replicated, replicated), donate_argnums=0)
   eval_fn = jax.jit(functools.partial(eval_step, model=exp.model,
                                       num_classes=exp.dataset.num_classes),
@@ -220,7 +248,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                        process_index=jax.process_index(),
                                        process_count=jax.process_count())
   train_metrics, eval_metrics = {}, {}
-  started, timed_steps = None, 0
+  started, timed_steps, side_seconds = None, 0, 0.0
   for step in range(start_step + 1, last + 1):
     state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh))
     if started is None:  # time from the second step: the first one compiles.
@@ -228,18 +256,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       started = time.perf_counter()
     else:
       timed_steps += 1
+    side_start = time.perf_counter()  # eval, checkpoints and logs are not step time
     if _every(step, config.log_every_steps, last):
       train_metrics = parallel.to_host(metrics)
       writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
       progress.update(0, loss=train_metrics["loss"], lr=train_metrics["learning_rate"])
     progress.update(1)
-    if _every(step, eval_every, last) and (eval_every > 0 or step == last):
+    if _every(step, eval_every, last):
       eval_metrics = evaluate(exp, state, eval_fn)
       writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
     if checkpointer is not None and _every(step, config.checkpoint_every_steps, last):
       checkpointer.save(step, state)
+    side_seconds += time.perf_counter() - side_start
   jax.block_until_ready(state)
-  elapsed = time.perf_counter() - started if started else 0.0
+  elapsed = time.perf_counter() - started - side_seconds if started else 0.0
   progress.close()
 
   if config.polish_batches > 0 and state.batch_stats:
