@@ -14,8 +14,7 @@ import numpy as np
 
 
 def _scalar(value: Any) -> float:
-  value = float(np.asarray(value))
-  return value if math.isfinite(value) else float("nan")
+  return float(np.asarray(value))
 
 
 class MetricWriter:
@@ -43,7 +42,8 @@ class MetricWriter:
     self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
     self._jsonl.flush()
     for key, value in values.items():
-      self._tensorboard.add_scalar(key, value, int(step))
+      if math.isfinite(value):  # NaN/inf (e.g. no noise-scale estimate yet) stay in the JSONL
+        self._tensorboard.add_scalar(key, value, int(step))
 
   def write_text(self, tag: str, text: str) -> None:
     if self.enabled:
