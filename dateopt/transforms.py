@@ -102,8 +102,15 @@ class LarsTrustRatioState(NamedTuple):
   count: jax.Array
 
 
-def _lars_ratio(w_sq, g_sq, d_sq, weight_decay, trust_coefficient, eps, mode):
-  """λ = η‖w‖ / denominator; 1 where ‖w‖ or the gradient norm is 0."""
+def lars_ratio_from_sq_norms(w_sq, g_sq, d_sq, weight_decay, trust_coefficient, eps, mode):
+  """λ = η‖w‖ / denominator from squared norms; 1 where ‖w‖ or the gradient norm is 0.
+
+  `g_sq` is ‖g‖² (mode "paper"), `d_sq` is ‖g + βw‖² (mode "optax").
+
+  Example:
+    >>> float(lars_ratio_from_sq_norms(25.0, 1.0, None, 0.1, 0.001, 0.0, "paper"))  # 0.005/1.5
+    0.0033333334
+  """
   w_norm = jnp.sqrt(w_sq)
   if mode == "paper":
     grad_norm = jnp.sqrt(g_sq)
@@ -131,7 +138,7 @@ def _lars_leaf_ratios(grads, params, flags, *, weight_decay, trust_coefficient, 
   ratios = [None] * len(flags)
   for j, i in enumerate(selected):
     w_sq, other_sq = sums[2 * j], sums[2 * j + 1]
-    ratios[i] = _lars_ratio(w_sq, other_sq, other_sq, weight_decay, trust_coefficient,
+    ratios[i] = lars_ratio_from_sq_norms(w_sq, other_sq, other_sq, weight_decay, trust_coefficient,
                             eps, mode)
   return ratios
 

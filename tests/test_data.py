@@ -1,8 +1,5 @@
 """Tests for dateopt.data: random access, sharding, eval padding, every dataset, image ops."""
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 from PIL import Image
@@ -18,6 +15,7 @@ from dateopt.data import (
     process_rows,
 )
 from dateopt.data import image_ops
+from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
 NUM_EXAMPLES = 103  # prime: no batch size divides it, so epochs drop a remainder
 
@@ -364,11 +362,7 @@ def test_flip_center_crop_resize_and_normalize():
 
 
 def test_offline_data_loads_neither_tfds_nor_grain_nor_models():
-  code = ("import sys; from dateopt.data import get_dataset; "
-          "ds = get_dataset('digits'); list(ds.train_iterator(32, seed=0, num_steps=2)); "
-          "bad = [m for m in sys.modules if m.split('.')[0] in "
-          "('tensorflow', 'tensorflow_datasets', 'grain', 'flax') or m.startswith(("
-          "'dateopt.models', 'dateopt.train'))]; print(bad); sys.exit(1 if bad else 0)")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-  assert result.returncode == 0, result.stdout + result.stderr
+  assert_not_loaded("from dateopt.data import get_dataset; ds = get_dataset('digits'); "
+                    "list(ds.train_iterator(32, seed=0, num_steps=2))",
+                    ("tensorflow", "tensorflow_datasets", "grain", "flax"),
+                    ("dateopt.models", "dateopt.train"))

@@ -1,8 +1,5 @@
 """Parameter masks on Linen and NNX trees."""
 
-import subprocess
-import sys
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -10,6 +7,7 @@ import pytest
 
 import dateopt
 from dateopt import masks
+from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
 
 def _linen_params():
@@ -96,8 +94,5 @@ def test_masks_apply_under_jit_in_a_chain():
 
 
 def test_import_dateopt_does_not_load_flax_tfds_or_grain():
-  code = ("import sys, dateopt; dateopt.lars, dateopt.schedules, dateopt.date.plan; "
-          "bad = [m for m in ('flax', 'tensorflow_datasets', 'grain', 'tensorflow') "
-          "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-  assert result.returncode == 0, result.stdout + result.stderr
+  assert_not_loaded("import dateopt; dateopt.lars, dateopt.schedules, dateopt.date.plan",
+                    ("flax", "tensorflow_datasets", "grain", "tensorflow"))

@@ -1,8 +1,5 @@
 """Tests for dateopt.models: shapes, parameter counts, zero-init, ghost BN, dtypes, LSTMs."""
 
-import subprocess
-import sys
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,6 +18,7 @@ from dateopt.models import (
     model_kwargs,
 )
 from dateopt.models.resnet import _make_norm
+from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
 
 def _key(seed: int) -> jax.Array:
@@ -375,10 +373,5 @@ def test_lstm_lm_tied_embeddings_share_the_matrix():
 
 
 def test_models_import_no_data_pipeline_or_tensorflow():
-  code = ("import sys, dateopt.models; "
-          "bad = [m for m in sys.modules if m.split('.')[0] in "
-          "('tensorflow', 'tensorflow_datasets', 'grain') or m.startswith(('dateopt.data', "
-          "'dateopt.train'))]; print(bad); sys.exit(1 if bad else 0)")
-  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-  assert result.returncode == 0, result.stdout + result.stderr
+  assert_not_loaded("import dateopt.models", ("tensorflow", "tensorflow_datasets", "grain"),
+                    ("dateopt.data", "dateopt.train"))

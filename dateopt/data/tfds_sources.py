@@ -45,7 +45,7 @@ def open_tfds_split(name: str, split: str, data_dir: str | None) -> Sequence[dic
   tfds = _import_tfds()
   try:
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-  except Exception as error:  # tfds raises several types (NotImplementedError, ...) here.
+  except Exception as error:  # a missing dataset surfaces as one of several tfds error types
     where = data_dir or os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")
     raise FileNotFoundError(
         f"TFDS dataset {name!r} (split {split!r}) is not prepared in array_record format under "

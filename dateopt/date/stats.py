@@ -277,7 +277,7 @@ def trust_ratio_summary(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(min, median, max) of the LARS trust ratios of the layers `mask` selects.
 
-  Uses `dateopt.transforms.lars_trust_ratios` (paper denominator). Falls back
+  The paper denominator of `dateopt.transforms.lars_trust_ratios`. Falls back
   to every layer when the mask selects none.
 
   Example:
@@ -285,14 +285,23 @@ def trust_ratio_summary(
     >>> [round(float(x), 6) for x in trust_ratio_summary(g, w, weight_decay=0.1)]
     [0.003333, 0.003333, 0.003333]
   """
-  ratios = transforms.lars_trust_ratios(
-      grads, params, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-      mask=mask)
   flags = jax.tree.leaves(masks.resolve(mask, params))
-  leaves = jax.tree.leaves(ratios)
-  chosen = [r for r, f in zip(leaves, flags) if f is True] or leaves
-  stacked = jnp.stack(chosen)
-  return jnp.min(stacked), jnp.median(stacked), jnp.max(stacked)
+  return _summarise_trust_ratios(_leaf_sq_norms(grads), _leaf_sq_norms(params), flags,
+                                 trust_coefficient=trust_coefficient,
+                                 weight_decay=weight_decay)
+
+
+def _leaf_sq_norms(tree: Any) -> list[jax.Array]:
+  return [transforms.sum_of_squares(x) for x in jax.tree.leaves(tree)]
+
+
+def _summarise_trust_ratios(grad_sq, param_sq, flags, *, trust_coefficient, weight_decay):
+  """(min, median, max) of λ over the flagged leaves (every leaf if none is flagged)."""
+  chosen = [i for i, f in enumerate(flags) if f is True] or range(len(flags))
+  ratios = jnp.stack([transforms.lars_ratio_from_sq_norms(
+      param_sq[i], grad_sq[i], None, weight_decay, trust_coefficient, 0.0, "paper")
+      for i in chosen])
+  return jnp.min(ratios), jnp.median(ratios), jnp.max(ratios)
 
 
 def compute_statistics(
@@ -308,12 +317,14 @@ def compute_statistics(
     >>> float(s.grad_norm), round(float(s.update_to_param_ratio), 6)
     (1.0, 0.05)
   """
-  grad_norm = jnp.sqrt(tree_sq_norm(grads))
+  # Each leaf's squared norm once: the global norms and the trust ratios share them.
+  grad_sq, param_sq = _leaf_sq_norms(grads), _leaf_sq_norms(params)
+  grad_norm = jnp.sqrt(sum(grad_sq))
   update_norm = jnp.sqrt(tree_sq_norm(updates))
-  param_norm = jnp.sqrt(tree_sq_norm(params))
-  trust_min, trust_median, trust_max = trust_ratio_summary(
-      grads, params, trust_coefficient=trust_coefficient,
-      weight_decay=weight_decay, mask=mask)
+  param_norm = jnp.sqrt(sum(param_sq))
+  trust_min, trust_median, trust_max = _summarise_trust_ratios(
+      grad_sq, param_sq, jax.tree.leaves(masks.resolve(mask, params)),
+      trust_coefficient=trust_coefficient, weight_decay=weight_decay)
   b_noise = noise_scale(noise) if noise is not None else jnp.float32(jnp.nan)
   return TrainingStatistics(grad_norm, update_norm, param_norm,
                             update_norm / param_norm, trust_min, trust_median,
