@@ -55,12 +55,19 @@ def sum_of_squares(x: jax.Array) -> jax.Array:
   return jnp.sum(x * x)
 
 
-def _psum_scalars(values: list[jax.Array], axis_name: AxisName) -> list[jax.Array]:
-  """Sums a list of scalars across `axis_name` in one collective."""
-  if axis_name is None or not values:
-    return values
-  summed = jax.lax.psum(jnp.stack(values), axis_name)
-  return list(summed)
+def _paired_sq_norms(firsts: list[jax.Array], seconds: list[jax.Array],
+                     axis_name: AxisName) -> tuple[jax.Array, jax.Array]:
+  """Float32 squared norms of two lists of leaves, as two vectors.
+
+  Stacking the scalars lets the per-leaf ratio arithmetic run as one small
+  vector op instead of a handful of scalar kernels per leaf, and sums the
+  shards' partial norms in one collective.
+  """
+  first_sq = jnp.stack([sum_of_squares(x) for x in firsts])
+  second_sq = jnp.stack([sum_of_squares(x) for x in seconds])
+  if axis_name is not None:
+    first_sq, second_sq = jax.lax.psum((first_sq, second_sq), axis_name)
+  return first_sq, second_sq
 
 
 def _require_params(params: Any, who: str) -> None:
@@ -123,24 +130,22 @@ def lars_ratio_from_sq_norms(w_sq, g_sq, d_sq, weight_decay, trust_coefficient, 
 
 
 def _lars_leaf_ratios(grads, params, flags, *, weight_decay, trust_coefficient, eps,
-                      mode, axis_name):
-  """Trust ratios for the selected leaves (float32 scalars), None for the others."""
+                      mode, axis_name, clip_learning_rate=None):
+  """Trust ratios of the selected leaves as (indices, float32 vector of λ)."""
   selected = [i for i, f in enumerate(flags) if f]
-  sums = []
-  for i in selected:
-    sums.append(sum_of_squares(params[i]))
-    if mode == "paper":
-      sums.append(sum_of_squares(grads[i]))
-    else:
-      sums.append(sum_of_squares(grads[i].astype(jnp.float32)
-                                 + weight_decay * params[i].astype(jnp.float32)))
-  sums = _psum_scalars(sums, axis_name)
-  ratios = [None] * len(flags)
-  for j, i in enumerate(selected):
-    w_sq, other_sq = sums[2 * j], sums[2 * j + 1]
-    ratios[i] = lars_ratio_from_sq_norms(w_sq, other_sq, other_sq, weight_decay, trust_coefficient,
-                            eps, mode)
-  return ratios
+  if not selected:
+    return selected, None
+  if mode == "paper":
+    others = [grads[i] for i in selected]
+  else:  # "optax": the norm of the decayed gradient.
+    others = [grads[i].astype(jnp.float32) + weight_decay * params[i].astype(jnp.float32)
+              for i in selected]
+  w_sq, other_sq = _paired_sq_norms([params[i] for i in selected], others, axis_name)
+  ratios = lars_ratio_from_sq_norms(w_sq, other_sq, other_sq, weight_decay, trust_coefficient,
+                                    eps, mode)
+  if clip_learning_rate is not None:
+    ratios = _clip_to_learning_rate(ratios, clip_learning_rate)
+  return selected, ratios
 
 
 def lars_trust_ratios(
@@ -166,11 +171,13 @@ def lars_trust_ratios(
   """
   check_choice("mode", mode, LARS_MODES)
   treedef, (g, w), flags = _split_by_mask(mask, params, grads, params)
-  ratios = _lars_leaf_ratios(g, w, flags, weight_decay=weight_decay,
-                             trust_coefficient=trust_coefficient, eps=eps, mode=mode,
-                             axis_name=axis_name)
-  ones = jnp.ones((), jnp.float32)
-  return treedef.unflatten([ones if r is None else r for r in ratios])
+  selected, ratios = _lars_leaf_ratios(g, w, flags, weight_decay=weight_decay,
+                                       trust_coefficient=trust_coefficient, eps=eps, mode=mode,
+                                       axis_name=axis_name)
+  out = [jnp.ones((), jnp.float32)] * len(flags)
+  for j, i in enumerate(selected):
+    out[i] = ratios[j]
+  return treedef.unflatten(out)
 
 
 def scale_by_lars_trust_ratio(
@@ -225,14 +232,15 @@ def scale_by_lars_trust_ratio(
     _require_params(params, "scale_by_lars_trust_ratio")
     decay = _value_at(weight_decay, state.count)
     treedef, (g, w), flags = _split_by_mask(mask, params, updates, params)
-    ratios = _lars_leaf_ratios(g, w, flags, weight_decay=decay,
-                               trust_coefficient=trust_coefficient, eps=eps, mode=mode,
-                               axis_name=axis_name)
-    if clip_learning_rate is not None:
-      lr = _value_at(clip_learning_rate, state.count)
-      ratios = [r if r is None else _clip_to_learning_rate(r, lr) for r in ratios]
-    out = [gi if r is None else (r * (gi + decay * wi)).astype(gi.dtype)
-           for gi, wi, r in zip(g, w, ratios)]
+    clip_lr = (None if clip_learning_rate is None
+               else _value_at(clip_learning_rate, state.count))
+    selected, ratios = _lars_leaf_ratios(g, w, flags, weight_decay=decay,
+                                         trust_coefficient=trust_coefficient, eps=eps,
+                                         mode=mode, axis_name=axis_name,
+                                         clip_learning_rate=clip_lr)
+    out = list(g)
+    for j, i in enumerate(selected):
+      out[i] = (ratios[j] * (g[i] + decay * w[i])).astype(g[i].dtype)
     return treedef.unflatten(out), LarsTrustRatioState(
         count=optax.safe_increment(state.count))
 
@@ -246,10 +254,14 @@ def _clip_to_learning_rate(ratio: jax.Array, lr: jax.Array) -> jax.Array:
 
 
 class MomentumState(NamedTuple):
-  """State of `scale_by_momentum`."""
+  """State of `scale_by_momentum`.
+
+  `trace` is the momentum buffer in the sign of the emitted step: −v with
+  `flip_sign` (the default), so without Nesterov it equals the last update.
+  """
 
   count: jax.Array
-  velocity: Any
+  trace: Any
   last_learning_rate: jax.Array
 
 
@@ -268,9 +280,11 @@ def scale_by_momentum(
 
   `c` is 1, or with `correction_learning_rate` (NVIDIA's MLPerf "momentum
   correction") lr_t / lr_{t−1}, which keeps the buffer consistent when the LR
-  changes. The sign flip is fused here (instead of a separate
-  `scale_by_learning_rate(flip_sign=True)`) so the update and the new buffer are
-  distinct values computed in one pass.
+  changes. The buffer is kept in the sign of the emitted step (−v with
+  `flip_sign`), so without Nesterov the update IS the new buffer: no separate
+  sign-flip pass over every leaf (as `optax.sgd` makes). A jitted update alone
+  returns the buffer and a plain copy of it; inside a train step the apply
+  reads the buffer directly.
 
   Args:
     momentum: m in [0, 1).
@@ -290,9 +304,9 @@ def scale_by_momentum(
   sign = -1.0 if flip_sign else 1.0
 
   def init_fn(params):
-    velocity = jax.tree.map(
+    trace = jax.tree.map(
         lambda p: jnp.zeros_like(p, dtype=accumulator_dtype or p.dtype), params)
-    return MomentumState(count=jnp.zeros([], jnp.int32), velocity=velocity,
+    return MomentumState(count=jnp.zeros([], jnp.int32), trace=trace,
                          last_learning_rate=jnp.zeros([], jnp.float32))
 
   def update_fn(updates, state, params=None):
@@ -306,12 +320,13 @@ def scale_by_momentum(
 
     # Flatten rather than tree.map into pairs: optax.masked's MaskedNode is a tuple too.
     u_leaves, treedef = jax.tree.flatten(updates)
-    velocity = treedef.flatten_up_to(state.velocity)
-    new_velocity = [(decay * v + u).astype(v.dtype) for u, v in zip(u_leaves, velocity)]
-    steps = [u + momentum * v if nesterov else v for u, v in zip(u_leaves, new_velocity)]
-    out = [(sign * s).astype(u.dtype) for s, u in zip(steps, u_leaves)]
+    trace = treedef.flatten_up_to(state.trace)
+    # b = sign·v, so b ← m·c·b + sign·u and (Nesterov) out = sign·u + m·b.
+    new_trace = [(decay * b + sign * u).astype(b.dtype) for u, b in zip(u_leaves, trace)]
+    steps = [sign * u + momentum * b if nesterov else b for u, b in zip(u_leaves, new_trace)]
+    out = [s.astype(u.dtype) for s, u in zip(steps, u_leaves)]
     return treedef.unflatten(out), MomentumState(
-        count=optax.safe_increment(state.count), velocity=treedef.unflatten(new_velocity),
+        count=optax.safe_increment(state.count), trace=treedef.unflatten(new_trace),
         last_learning_rate=lr)
 
   return optax.GradientTransformation(init_fn, update_fn)
@@ -410,17 +425,16 @@ def scale_by_lamb_trust_ratio(
     _require_params(params, "scale_by_lamb_trust_ratio")
     treedef, (r, w), flags = _split_by_mask(mask, params, updates, params)
     selected = [i for i, f in enumerate(flags) if f]
-    sums = []
-    for i in selected:
-      sums += [sum_of_squares(w[i]), sum_of_squares(r[i])]
-    sums = _psum_scalars(sums, axis_name)
     out = list(r)
-    for j, i in enumerate(selected):
-      w_norm, r_norm = jnp.sqrt(sums[2 * j]), jnp.sqrt(sums[2 * j + 1])
+    if selected:
+      w_sq, r_sq = _paired_sq_norms([w[i] for i in selected], [r[i] for i in selected],
+                                    axis_name)
+      w_norm, r_norm = jnp.sqrt(w_sq), jnp.sqrt(r_sq)
       phi = w_norm if trust_bounds is None else jnp.clip(w_norm, *trust_bounds)
-      ratio = jnp.where((w_norm > 0) & (r_norm > 0),
-                        phi / jnp.where(r_norm > 0, r_norm, 1.0), 1.0)
-      out[i] = (ratio * r[i]).astype(r[i].dtype)
+      ratios = jnp.where((w_norm > 0) & (r_norm > 0),
+                         phi / jnp.where(r_norm > 0, r_norm, 1.0), 1.0)
+      for j, i in enumerate(selected):
+        out[i] = (ratios[j] * r[i]).astype(r[i].dtype)
     return treedef.unflatten(out), state
 
   return optax.GradientTransformation(init_fn, update_fn)

@@ -9,7 +9,12 @@ to optax's own LARS/LAMB. Two timings per optimizer:
   state (what a train step executes after the backward pass).
 
 Runs are interleaved round-robin so machine noise hits every optimizer alike;
-the figure is the median over all rounds, after compilation.
+the figure is the median over all rounds, after compilation. Below each table:
+
+- the spread of dateopt.lars / SGD-momentum, as quartiles of the per-round
+  ratio (each round times both back to back);
+- the floor: SGD-momentum plus reading every trust-ratio leaf's w and g once
+  for the norms, the traffic any exact LARS adds before its update can start.
 
 Usage:
   python scripts/bench_optimizers.py                 # both models, 30 rounds
@@ -83,7 +88,20 @@ def time_call(fn, grads, state, params) -> tuple[float, object]:
   return time.perf_counter() - start, out[1]
 
 
-def bench_model(model_name: str, rounds: int) -> dict[str, dict[str, float]]:
+def norm_reads(mask=dateopt.masks.exclude_bias_and_norm):
+  """Jitted: the squared norms of w and g of every leaf LARS scales (the floor's extra)."""
+  def norms(g, s, p):
+    flags = jax.tree.leaves(dateopt.masks.resolve(mask, p))
+    chosen = [(gi, pi) for gi, pi, f in zip(jax.tree.leaves(g), jax.tree.leaves(p), flags) if f]
+    return [dateopt.transforms.sum_of_squares(x) for pair in chosen for x in pair], s
+  return jax.jit(norms)
+
+
+NORMS = "norm reads"
+
+
+def bench_model(model_name: str, rounds: int) -> dict[str, dict[str, list[float]]]:
+  """Per-round seconds of every optimizer (and the norm reads), interleaved."""
   shapes = param_shapes(model_name)
   params, grads = random_tree(shapes, 0, 0.05), random_tree(shapes, 1, 0.01)
   runners = {}
@@ -93,6 +111,9 @@ def bench_model(model_name: str, rounds: int) -> dict[str, dict[str, float]]:
     for fn in (update, update_and_apply):  # compile and warm up.
       time_call(fn, grads, state, params)
     runners[name] = dict(update=update, apply=update_and_apply, state=state)
+  norms = norm_reads()
+  time_call(norms, grads, None, params)
+  runners[NORMS] = dict(update=norms, apply=norms, state=None)
   times = {name: {"update": [], "apply": []} for name in runners}
   for _ in range(rounds):
     for name, r in runners.items():
@@ -102,7 +123,24 @@ def bench_model(model_name: str, rounds: int) -> dict[str, dict[str, float]]:
   n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
   print(f"\n{model_name}: {len(jax.tree.leaves(shapes))} leaves, {n_params:,} params, "
         f"median of {rounds} interleaved rounds")
+  return times
+
+
+def medians_of(times):
   return {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+
+
+def spread_and_floor(times) -> str:
+  """The quartiles of the per-round LARS/SGD ratio, and the SGD + norm-reads floor."""
+  lines = []
+  sgd, lars, norms = (times[k] for k in ("optax.sgd(momentum)", "dateopt.lars", NORMS))
+  for kind, label in (("update", "update"), ("apply", "update+apply")):
+    ratios = np.array(lars[kind]) / np.array(sgd[kind])
+    q1, q2, q3 = np.percentile(ratios, [25, 50, 75])
+    floor = 1 + statistics.median(norms[kind]) / statistics.median(sgd[kind])
+    lines.append(f"- {label}: dateopt.lars / SGD-m per round: median {q2:.2f}×, "
+                 f"quartiles {q1:.2f}–{q3:.2f}×; floor (SGD-m + norm reads) {floor:.2f}×")
+  return "\n".join(lines)
 
 
 def markdown_table(model_name: str, medians: dict[str, dict[str, float]]) -> str:
@@ -111,6 +149,8 @@ def markdown_table(model_name: str, medians: dict[str, dict[str, float]]) -> str
   rows = [f"| {model_name} | update ms | × SGD-m | vs optax | update+apply ms | × SGD-m | vs optax |",
           "|---|---:|---:|---:|---:|---:|---:|"]
   for name, m in medians.items():
+    if name == NORMS:
+      continue
     cells = [name]
     for kind in ("update", "apply"):
       ref = reference.get(name)
@@ -129,7 +169,9 @@ def main():
   print(f"jax {jax.__version__}, optax {optax.__version__}, backend "
         f"{jax.default_backend()}, {jax.device_count()} device(s): {jax.devices()[0].device_kind}")
   for model_name in args.models:
-    print(markdown_table(model_name, bench_model(model_name, args.rounds)))
+    times = bench_model(model_name, args.rounds)
+    print(markdown_table(model_name, medians_of(times)))
+    print(spread_and_floor(times))
 
 
 if __name__ == "__main__":

@@ -180,6 +180,24 @@ def test_track_statistics_leaves_updates_alone_inside_a_jitted_chain():
                                                        rel=1e-5)
 
 
+def test_track_statistics_records_only_when_asked():
+  params, grads = _tree()
+  tx = date.track_statistics(optax.sgd(0.1))
+  step = jax.jit(tx.update)  # one compilation for both values of `record`
+  state = tx.init(params)
+  _, state = step(grads, state, params, record=jnp.bool_(True))
+  recorded = {k: float(v) for k, v in date.statistics(state).items()}
+  params = jax.tree.map(lambda p: 2.0 * p, params)  # a different param norm
+  _, state = step(grads, state, params, record=jnp.bool_(False))
+  kept = {k: float(v) for k, v in date.statistics(state).items()}
+  assert kept == pytest.approx(recorded, nan_ok=True)
+  _, state = step(grads, state, params, record=jnp.bool_(True))
+  flat = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])
+  assert float(date.statistics(state)["param_norm"]) == pytest.approx(
+      np.linalg.norm(flat(params)), rel=1e-5)
+  assert step._cache_size() == 1
+
+
 # ---- divergence guard ------------------------------------------------------------------
 
 

@@ -336,3 +336,24 @@ def test_every_family_builds_and_steps_under_jit(optimizer):
 def test_docstring_examples(module):
   result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
   assert result.failed == 0
+
+
+@pytest.mark.parametrize("batch", [2048, 8192, 32768])
+def test_planned_legw_schedule_equals_schedules_legw(batch):
+  """Two code paths, one method: plan()+build_schedule() and schedules.legw_schedule()."""
+  baseline = legw_baseline()
+  planned = date.build_schedule(date.plan(baseline, batch, "legw", promote=False))
+  direct = schedules.legw_schedule(baseline.learning_rate, baseline.batch_size, batch,
+                                   baseline.warmup_epochs, baseline.num_epochs, IMAGENET,
+                                   end_value=baseline.end_lr)
+  total = 90 * (IMAGENET // batch)
+  for step in np.linspace(0, total, 41).astype(int):
+    assert float(planned(step)) == pytest.approx(float(direct(step)), rel=1e-6, abs=1e-9)
+
+
+def test_planned_linear_schedule_equals_schedules_goyal():
+  baseline = goyal_baseline(decay_epochs=(30.0, 60.0, 80.0))
+  planned = date.build_schedule(date.plan(baseline, 8192, "linear", promote=False))
+  direct = schedules.goyal_schedule(0.1, 256, 8192, 90, IMAGENET)
+  for step in np.linspace(0, 90 * (IMAGENET // 8192), 41).astype(int):
+    assert float(planned(step)) == pytest.approx(float(direct(step)), rel=1e-6, abs=1e-9)

@@ -47,6 +47,9 @@ def _assert_learning(result, workdir):
     assert json.load(f)["planned"]["batch_size"] == result.recipe.batch_size
   lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
   assert any("train/date/noise_scale" in line for line in lines)
+  # Statistics are computed on the logged steps only: each logged one is fresh, not NaN.
+  logged = [json.loads(line) for line in lines if "train/date/grad_norm" in line]
+  assert logged and all(np.isfinite(r["train/date/grad_norm"]) for r in logged)
   assert os.listdir(os.path.join(workdir, "tensorboard"))
 
 
@@ -206,3 +209,23 @@ def test_two_processes_equal_one_process(tmp_path):
   _, multi = _final_state(tmp_path / "multi", like=single)
   single, multi = single["params"], multi["params"]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6), single, multi)
+
+
+def test_logged_learning_rate_is_the_one_the_guarded_optimizer_applies():
+  import jax.numpy as jnp
+  import optax
+  from dateopt import date
+  from dateopt.train import steps
+  schedule = optax.linear_schedule(0.0, 1.0, 10)
+  tx = date.divergence_guard(optax.sgd(schedule))
+  params, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 2.0)}
+  state = tx.init(params)
+  nan = {"w": jnp.full(3, jnp.nan)}
+  for step, g in enumerate([grads, grads, nan, nan, grads, grads]):
+    logged = steps.applied_learning_rate(schedule, state, jnp.int32(step))
+    updates, state = tx.update(g, state, params, value=jnp.float32(1.0))
+    if g is grads:  # accepted: the update is −lr·g with exactly the logged lr
+      np.testing.assert_allclose(updates["w"], -2.0 * float(logged), rtol=1e-6)
+  # Two skips: the schedule lags the step count, and the multiplier has backed off.
+  assert int(state.num_skipped) == 2 and float(state.lr_multiplier) < 1.0
+  assert float(logged) != pytest.approx(float(schedule(5)))

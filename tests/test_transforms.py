@@ -158,6 +158,24 @@ def test_paper_mode_matches_numpy(nesterov, trust_clip, momentum_correction):
   assert selected["bn/scale"] is False and selected["conv/kernel"] is True
 
 
+def test_momentum_buffer_is_the_last_update():
+  """The buffer is kept as −v, so without Nesterov the update is the stored buffer."""
+  params, lr = _tree(0), 0.3
+  tx = dateopt.lars(lr, momentum=0.9, weight_decay=1e-3)
+  state = tx.init(params)
+  velocity = {k: np.zeros_like(x) for k, x in _flat(params).items()}
+  for t in range(3):
+    grads = _grads_at(params, t)
+    updates, state = tx.update(grads, state, params)
+    buffer = _flat(state[2].trace)
+    for k, u in _flat(updates).items():
+      np.testing.assert_array_equal(u, buffer[k], err_msg=k)
+    # Independent check on a masked-out leaf (plain momentum): v ← 0.9 v + lr g.
+    velocity["bn/bias"] = 0.9 * velocity["bn/bias"] + lr * np.asarray(grads["bn"]["bias"])
+    np.testing.assert_allclose(buffer["bn/bias"], -velocity["bn/bias"], rtol=1e-6)
+    params = optax.apply_updates(params, updates)
+
+
 def test_masked_out_leaves_get_plain_momentum():
   params = _tree(0)
   grads = _grads_at(params, 0)

@@ -352,7 +352,10 @@ def track_statistics(
   The update is `inner`'s, unchanged. Pass the step's `GradientSqNorms` (from
   `cross_replica_sq_norms` or `grouped_value_and_grad`) as the extra argument
   `grad_sq_norms=` to update the noise-scale EMAs (McCandlish et al. 2018);
-  without it the noise scale is left as it was. Other extra arguments (e.g.
+  without it the noise scale is left as it was. The extra argument `record=`
+  (a traced bool) computes the statistics only on the steps that log them: on
+  the others the state keeps the last ones, and the step skips their norms
+  (the noise EMAs still update every step). Other extra arguments (e.g.
   `value=` for `divergence_guard`) are passed on to `inner`. Read the numbers
   from `state.stats`, or `statistics(opt_state)` anywhere in a nested state.
 
@@ -379,7 +382,8 @@ def track_statistics(
     return StatisticsState(inner.init(params), TrainingStatistics(*[nan] * 8),
                            init_noise_scale())
 
-  def update_fn(updates, state, params=None, *, grad_sq_norms=None, **extra_args):
+  def update_fn(updates, state, params=None, *, grad_sq_norms=None, record=None,
+                **extra_args):
     if params is None:
       raise ValueError("track_statistics needs params: call update(updates, state, params).")
     new_updates, inner_state = inner.update(updates, state.inner_state, params,
@@ -387,9 +391,16 @@ def track_statistics(
     noise = state.noise
     if grad_sq_norms is not None:  # static: either always given or never
       noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
-    stats = compute_statistics(updates, new_updates, params, noise=noise,
-                               trust_coefficient=trust_coefficient,
-                               weight_decay=weight_decay, mask=mask)
+
+    def current():
+      return compute_statistics(updates, new_updates, params, noise=noise,
+                                trust_coefficient=trust_coefficient,
+                                weight_decay=weight_decay, mask=mask)
+
+    def previous():  # the last recorded step's, with today's noise estimate
+      return state.stats._replace(noise_scale=noise_scale(noise))
+
+    stats = current() if record is None else jax.lax.cond(record, current, previous)
     return new_updates, StatisticsState(inner_state, stats, noise)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

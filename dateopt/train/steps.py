@@ -78,7 +78,8 @@ def _loss_fn(model, num_classes, label_smoothing):
   return loss_fn
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array], *, model,
+def train_step(state: TrainState, batch: dict[str, jax.Array],
+               record_statistics: jax.Array | None = None, *, model,
                tx: optax.GradientTransformation, schedule: Callable[[Any], Any],
                num_classes: int, seed: int, label_smoothing: float = 0.0,
                grad_groups: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
@@ -88,6 +89,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model,
   (`date.grouped_value_and_grad`) so the optimizer gets the squared gradient
   norms at group and full batch size: the gradient noise scale of DATE. The
   loss goes to the optimizer as `value=` (for `date.divergence_guard`).
+  `record_statistics` (a bool array, for a `date.track_statistics` optimizer)
+  says whether this step computes the DATE statistics; None: every step.
   """
   batch_size = batch["labels"].shape[0]
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
@@ -104,13 +107,30 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], *, model,
   else:
     (loss, (batch_stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
         state.params, batch, state.batch_stats)
+  if record_statistics is not None:
+    extra["record"] = record_statistics
   updates, opt_state = tx.update(grads, state.opt_state, state.params, value=loss, **extra)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "accuracy": accuracy, "learning_rate": schedule(state.step)}
+  metrics = {"loss": loss, "accuracy": accuracy,
+             "learning_rate": applied_learning_rate(schedule, state.opt_state, state.step)}
   metrics.update(optimizer_metrics(opt_state))
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
                             opt_state=opt_state)
   return new_state, metrics
+
+
+def applied_learning_rate(schedule: Callable[[Any], Any], opt_state: Any,
+                          step: jax.Array) -> jax.Array:
+  """The LR the step about to run applies (before its own guard decision).
+
+  Without a divergence guard: `schedule(step)`. With one, the inner optimizer
+  advances on accepted steps only, so its schedule stands at the number of
+  accepted steps, and the guard scales it by its current multiplier.
+  """
+  guard = _find_guard(opt_state)
+  if guard is None:
+    return schedule(step)
+  return schedule(guard.num_accepted) * guard.lr_multiplier
 
 
 def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
@@ -120,15 +140,18 @@ def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
     out.update({f"date/{k}": v for k, v in date.statistics(opt_state).items()})
   except ValueError:
     pass  # the optimizer is not wrapped in track_statistics.
-  guards = [s for s in jax.tree.leaves(opt_state, is_leaf=_is_guard) if _is_guard(s)]
-  if guards:
-    out["guard/lr_multiplier"] = guards[0].lr_multiplier
-    out["guard/num_skipped"] = guards[0].num_skipped
+  guard = _find_guard(opt_state)
+  if guard is not None:
+    out["guard/lr_multiplier"] = guard.lr_multiplier
+    out["guard/num_skipped"] = guard.num_skipped
   return out
 
 
-def _is_guard(x) -> bool:
-  return isinstance(x, date.DivergenceGuardState)
+def _find_guard(opt_state: Any) -> date.DivergenceGuardState | None:
+  """The first divergence guard's state in `opt_state`, or None."""
+  is_guard = lambda x: isinstance(x, date.DivergenceGuardState)
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=is_guard) if is_guard(s)]
+  return found[0] if found else None
 
 
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model,

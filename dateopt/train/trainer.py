@@ -250,14 +250,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   train_metrics, eval_metrics = {}, {}
   started, timed_steps, side_seconds = None, 0, 0.0
   for step in range(start_step + 1, last + 1):
-    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh))
+    logs_now = _every(step, config.log_every_steps, last)
+    record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
+    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record)
     if started is None:  # time from the second step: the first one compiles.
       jax.block_until_ready(state.step)
       started = time.perf_counter()
     else:
       timed_steps += 1
     side_start = time.perf_counter()  # eval, checkpoints and logs are not step time
-    if _every(step, config.log_every_steps, last):
+    if logs_now:
       train_metrics = parallel.to_host(metrics)
       writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
       progress.update(0, loss=train_metrics["loss"], lr=train_metrics["learning_rate"])
