@@ -88,13 +88,10 @@ def time_call(fn, grads, state, params) -> tuple[float, object]:
   return time.perf_counter() - start, out[1]
 
 
-def norm_reads(mask=dateopt.masks.exclude_bias_and_norm):
-  """Jitted: the squared norms of w and g of every leaf LARS scales (the floor's extra)."""
-  def norms(g, s, p):
-    flags = jax.tree.leaves(dateopt.masks.resolve(mask, p))
-    chosen = [(gi, pi) for gi, pi, f in zip(jax.tree.leaves(g), jax.tree.leaves(p), flags) if f]
-    return [dateopt.transforms.sum_of_squares(x) for pair in chosen for x in pair], s
-  return jax.jit(norms)
+def norm_reads():
+  """Jitted: dateopt.lars's trust ratios alone, i.e. its reads of w and g for the norms."""
+  return jax.jit(lambda g, s, p: (dateopt.transforms.lars_trust_ratios(
+      g, p, weight_decay=WEIGHT_DECAY, mask=dateopt.masks.exclude_bias_and_norm), s))
 
 
 NORMS = "norm reads"
