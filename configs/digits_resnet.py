@@ -12,8 +12,8 @@ def get_config():
   config.model = "resnet_tiny"
   config.baseline = dict(
       batch_size=16, num_epochs=30, optimizer="lars", learning_rate=1.0, momentum=0.9,
-      weight_decay=1e-4, warmup_epochs=0.5, decay="polynomial", decay_power=2.0,
-      end_lr=1e-4, label_smoothing=0.1)
+      weight_decay=1e-4, warmup_epochs=0.5, decay="polynomial", power=2.0,
+      end_value=1e-4, label_smoothing=0.1)
   config.batch_size = 256
   config.log_every_steps = 10
   config.grad_groups = 2  # groups of 128 = 8 ghost-BN groups of 16

@@ -15,7 +15,7 @@ def get_config():
   config.compute_dtype = "bfloat16"
   config.baseline = dict(
       batch_size=8, num_epochs=1, optimizer="lars", learning_rate=0.1, weight_decay=1e-4,
-      warmup_epochs=0.1, decay="polynomial", end_lr=1e-4)
+      warmup_epochs=0.1, decay="polynomial", end_value=1e-4)
   config.batch_size = None
   config.num_train_steps = 20
   config.grad_groups = 0

@@ -20,7 +20,7 @@ def get_config():
   config.baseline = dict(
       batch_size=32768, num_epochs=60, optimizer="lars", learning_rate=29.0,
       momentum=0.929, weight_decay=1e-4, warmup_epochs=18, decay="polynomial",
-      decay_power=2.0, end_lr=1e-4, label_smoothing=0.1, mask="exclude_bias_and_norm")
+      power=2.0, end_value=1e-4, label_smoothing=0.1, mask="exclude_bias_and_norm")
   config.batch_size = None
   config.log_every_steps = 20
   config.checkpoint_every_steps = 200

@@ -18,7 +18,7 @@ def get_config():
   config.baseline = dict(
       batch_size=1024, num_epochs=90, optimizer="lars", learning_rate=2 ** 2.5,
       momentum=0.9, weight_decay=1e-4, warmup_epochs=0.3125, decay="polynomial",
-      decay_power=2.0, end_lr=1e-4)
+      power=2.0, end_value=1e-4)
   config.batch_size = 32768
   config.strategy = "legw"
   config.grad_groups = 0  # plain BN over the batch: no grouped gradients (no noise scale)

@@ -18,7 +18,7 @@ def get_config():
   config.model_kwargs = dict(hidden_size=64, num_layers=1)
   config.baseline = dict(
       batch_size=32, num_epochs=30, optimizer="adam", learning_rate=2e-3,
-      warmup_epochs=0.25, decay="cosine", end_lr=0.0)
+      warmup_epochs=0.25, decay="cosine", end_value=0.0)
   config.batch_size = 512  # 16x the baseline
   config.strategy = "legw"
   config.grad_groups = 8

@@ -1,11 +1,13 @@
 """Train-step time and examples/s: ResNet-50 with SGD-momentum vs dateopt LARS, the LSTMs,
-and the MNIST-1D input pipeline against what its training step consumes.
+the MNIST-1D input pipeline against what its training step consumes, and the cost of
+watching (DATE's noise scale, statistics and guard) on the main job's step.
 
 The step is dateopt's own `train_step` (forward, backward, optimizer) jitted on
 one device; medians over interleaved runs after compilation.
 
   python scripts/bench_train_step.py                    # everything (CPU: ~5 min)
   python scripts/bench_train_step.py --only resnet50 --resnet-batch 256 --dtype bfloat16   # on a GPU
+  python scripts/bench_train_step.py --only watching --rounds 30   # DATE's cost, on vs off
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ import numpy as np
 import optax
 
 import dateopt
-from dateopt import data, models
+from dateopt import data, date, models
 from dateopt.train.steps import create_train_state, train_step
 
 
 def step_runner(model, tx, inputs, labels, num_classes):
   """A jitted train step on a fixed batch, and its initial state."""
   state = create_train_state(model, tx, inputs[:1], seed=0)
-  step = jax.jit(functools.partial(train_step, model=model, tx=tx, schedule=lambda s: 0.1,
+  step = jax.jit(functools.partial(train_step, model=model, tx=tx,
                                    num_classes=num_classes, seed=0), donate_argnums=0)
   batch = {"inputs": inputs, "labels": labels}
   return step, state, batch
@@ -106,9 +108,69 @@ def bench_mnist1d_pipeline(batch_size: int, rounds: int) -> list[str]:
           f"| ratio | {pipeline * s / batch_size:.1f}x |"]
 
 
+def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
+                   log_every: int = 20) -> list[str]:
+  """DATE adaptive's whole watch (grouped gradients for the noise scale, statistics on log
+  steps, divergence guard) against the same step without it, on the main job's LSTM.
+
+  One cycle is `log_every` steps, as the trainer runs them: statistics on the last,
+  the noise scale measured on 1 step in N (a plain gradient on the others). Variants
+  are interleaved cycle by cycle; the figure is the median cycle time per step.
+  """
+  dataset = data.get_dataset("mnist1d", num_samples=10_000)
+  batch = dataset.train_batch(0, batch_size, seed=0)
+  batch = {"inputs": jnp.asarray(batch["inputs"]), "labels": jnp.asarray(batch["labels"])}
+  model = models.create_model("lstm_classifier", num_classes=10, hidden_size=64)
+  base = date.Recipe(batch_size=32, num_examples=8000, num_epochs=30, learning_rate=2e-3,
+                     optimizer="adam", warmup_epochs=0.25)
+  plain_tx, _ = date.build(base)
+  watched = date.plan(base, batch_size, "adaptive")
+  watched_tx = date.track_statistics(date.divergence_guard(date.build(watched)[0]))
+
+  def runner(tx, recipe, groups, every):
+    state = jax.jit(functools.partial(create_train_state, model, tx, seed=0))(
+        batch["inputs"][:1])  # jitted: no two leaves share a buffer, so donation works
+    step = jax.jit(functools.partial(train_step, model=model, tx=tx, num_classes=10, seed=0,
+                                     grad_groups=groups, recipe=recipe), donate_argnums=0)
+    pattern = [(np.bool_(i == log_every - 1) if groups else None,
+                np.bool_(i % every == 0) if groups and every > 1 else None)
+               for i in range(log_every)]
+    return step, state, pattern
+
+  runners = {"off (plain step)": runner(plain_tx, None, 0, 1)}
+  for every in measure_every:
+    runners[f"on, noise every {every} step{'s' if every > 1 else ''}"] = runner(
+        watched_tx, watched, 8, every)
+  states = {}
+  for name, (step, state, pattern) in runners.items():  # compile every variant used
+    for record, measure in pattern[-2:] + pattern[:1]:
+      state, _ = step(state, batch, record, measure)
+    states[name] = jax.block_until_ready(state)
+  times = {name: [] for name in runners}
+  for _ in range(rounds):
+    for name, (step, _, pattern) in runners.items():
+      start = time.perf_counter()
+      for record, measure in pattern:
+        states[name], metrics = step(states[name], batch, record, measure)
+      jax.block_until_ready(metrics["loss"])
+      times[name].append((time.perf_counter() - start) / log_every)
+  off = statistics.median(times["off (plain step)"])
+  rows = [f"| MNIST-1D LSTM(64), batch {batch_size}, {rounds} rounds of {log_every} steps "
+          f"| step ms | examples/s | vs off |", "|---|---:|---:|---:|"]
+  for name, t in times.items():
+    s = statistics.median(t)
+    rows.append(f"| {name} | {s * 1e3:.2f} | {batch_size / s:,.0f} | {100 * (s / off - 1):+.1f}% |")
+  ratios = {name: statistics.median(a / b for a, b in zip(t, times["off (plain step)"]))
+            for name, t in times.items() if name != "off (plain step)"}
+  rows.append("")
+  rows += [f"- {name}: median per-round ratio {r:.3f}" for name, r in ratios.items()]
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--only", choices=["resnet50", "lstm", "pipeline"], default=None)
+  parser.add_argument("--only", choices=["resnet50", "lstm", "pipeline", "watching"],
+                      default=None)
   parser.add_argument("--resnet-batch", type=int, default=8)
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--rounds", type=int, default=5)
@@ -116,7 +178,8 @@ def main():
   print(f"jax {jax.__version__}, {jax.default_backend()}: {jax.devices()[0].device_kind}\n")
   sections = {"resnet50": lambda: bench_resnet50(args.resnet_batch, args.dtype, args.rounds),
               "lstm": lambda: bench_lstms(args.rounds * 4),
-              "pipeline": lambda: bench_mnist1d_pipeline(512, args.rounds * 4)}
+              "pipeline": lambda: bench_mnist1d_pipeline(512, args.rounds * 4),
+              "watching": lambda: bench_watching(512, args.rounds * 2, (1, 4, 10))}
   for name, run in sections.items():
     if args.only in (None, name):
       print("\n".join(run()) + "\n", flush=True)

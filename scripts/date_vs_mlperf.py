@@ -31,7 +31,7 @@ class TunedRecipe(NamedTuple):
 MLPERF_BASELINE = date.Recipe(
     batch_size=8192, num_examples=IMAGENET_TRAIN_EXAMPLES, num_epochs=42,
     learning_rate=17.0, optimizer="lars", momentum=0.9, weight_decay=2e-4,
-    warmup_epochs=5, decay="polynomial", decay_power=2.0, end_lr=1e-4,
+    warmup_epochs=5, decay="polynomial", power=2.0, end_value=1e-4,
     label_smoothing=0.1)
 
 MLPERF_TUNED = (

@@ -1,18 +1,33 @@
-"""The README's main job: train the tuned baseline, then DATE's large-batch plan, compare.
+"""The README's main job: the tuned baseline against the static LEGW plan and DATE adaptive.
 
-Runs the config twice from scratch: once at the baseline's batch size, once at
-the config's target batch (planned by DATE, no re-tuning), and prints the final
-eval accuracy of both with their wall-clock times.
+Every run starts from scratch on the same data with the same switches (the
+divergence guard on everywhere, noise scale measured everywhere):
+
+  * `baseline`: the config's tuned small-batch recipe as it is;
+  * `static LEGW {k}x`: DATE's static plan (peak LR × √k, warmup × k epochs,
+    the same epochs: You et al. SC'19);
+  * `DATE adaptive {k}x`: the baseline's schedule walked at the gain measured
+    from the gradient noise scale each step, stopping when it has covered the
+    baseline's steps. Its predicted steps come from the noise scale the
+    baseline run measured (median of its logged values).
+
+It prints a table, writes it with every run's numbers to
+`<workdir>/results.md` and `results.json`, and draws eval accuracy against steps
+to `<workdir>/eval_accuracy.png` (and `--figure`, if given).
 
   python scripts/main_job.py --config configs/mnist1d_lstm.py --workdir runs/mnist1d_lstm
+  python scripts/main_job.py --scales 16,64 --seed 1       # add 64x, another seed
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
 import os
 import shutil
+import statistics
 import time
 
 from absl import logging
@@ -25,42 +40,113 @@ def load_config(path: str):
   return module.get_config()
 
 
-def run(config, workdir: str):
+def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool):
+  """(name, config) of every run: the baseline, then static and adaptive per scale."""
+  def config_for(batch_size, strategy):
+    config = load_config(config_path)
+    config.seed, config.progress_bar = seed, progress_bar
+    config.checkpoint_every_steps = -1  # a comparison, not a resumable job
+    config.strategy = strategy
+    config.batch_size = batch_size
+    if batch_size is not None:  # ~1 eval per 15 steps: a curve without paying for eval
+      config.eval_every_steps = 15
+    return config
+
+  base_batch = load_config(config_path).baseline.batch_size
+  out = [("baseline", config_for(None, "legw"))]
+  for k in scales:
+    out.append((f"static LEGW {k}x", config_for(base_batch * k, "legw")))
+    out.append((f"DATE adaptive {k}x", config_for(base_batch * k, "adaptive")))
+  return out
+
+
+def measured_noise_scale(workdir: str) -> float:
+  """The median B_noise a run logged (finite, positive values)."""
+  from dateopt import plots
+  _, values = plots.metric_curve(plots.read_metrics(workdir), "train/date/noise_scale")
+  values = [v for v in values if v > 0]
+  return statistics.median(values) if values else math.nan
+
+
+def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
+  """Trains one variant from scratch; returns its row of the table."""
   from dateopt import train
   shutil.rmtree(workdir, ignore_errors=True)  # a fresh run each time, not a resume
+  if noise_scale is not None and math.isfinite(noise_scale):
+    config.plan = dict(config.plan.to_dict(), noise_scale=float(noise_scale))
   start = time.perf_counter()
   result = train.train_and_evaluate(config, workdir)
-  return result, time.perf_counter() - start
+  seconds = time.perf_counter() - start
+  metrics = result.train_metrics
+  recipe = result.recipe
+  return {
+      "run": name, "workdir": workdir, "batch": recipe.batch_size, "steps": result.steps,
+      "predicted_steps": result.predicted_steps,
+      "examples": result.steps * recipe.batch_size,
+      "epochs": result.steps * recipe.batch_size / recipe.num_examples,
+      "accuracy": result.eval_metrics["accuracy"], "wall_seconds": seconds,
+      "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
+      "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
+      "steps_per_second": result.steps_per_second,
+  }
+
+
+def markdown_table(rows: list[dict]) -> str:
+  baseline = rows[0]
+  lines = ["| run | batch | steps | predicted steps | examples (epochs) | eval accuracy "
+           "| wall s | steps saved vs baseline | guard skips |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    predicted = "" if r["predicted_steps"] is None else f"{r['predicted_steps']:,}"
+    saved = "" if r is baseline else f"{1 - r['steps'] / baseline['steps']:.1%}"
+    lines.append(
+        f"| {r['run']} | {r['batch']:,} | {r['steps']:,} | {predicted} "
+        f"| {r['examples']:,} ({r['epochs']:.0f}) | {100 * r['accuracy']:.2f}% "
+        f"| {r['wall_seconds']:.0f} | {saved} | {r['guard_skipped']} |")
+  return "\n".join(lines)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/mnist1d_lstm.py")
   parser.add_argument("--workdir", default="runs/mnist1d_lstm")
-  parser.add_argument("--num-epochs", type=int, default=None,
-                      help="override the baseline's epochs (both runs keep the same epochs)")
+  parser.add_argument("--scales", default="16",
+                      help="comma-separated batch multiples of the baseline, e.g. 16,64")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--figure", default=None, help="also save the PNG here")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
 
-  planned_config = load_config(args.config)
-  planned_config.progress_bar = not args.no_progress
-  baseline_config = load_config(args.config)
-  baseline_config.progress_bar = not args.no_progress
-  baseline_config.batch_size = None  # the tuned baseline as it is
-  if args.num_epochs is not None:
-    for config in (planned_config, baseline_config):
-      config.baseline.num_epochs = args.num_epochs  # ConfigDict keeps the int type: pass an int
+  scales = [int(s) for s in args.scales.split(",") if s]
+  started = time.perf_counter()
+  rows, noise = [], None
+  for name, config in variants(args.config, scales, args.seed, not args.no_progress):
+    workdir = os.path.join(args.workdir, name.replace(" ", "_"))
+    rows.append(run_one(name, config, workdir, noise))
+    if name == "baseline":
+      noise = measured_noise_scale(workdir)
+      print(f"\nbaseline: median measured noise scale B_noise = {noise:,.0f} examples\n",
+            flush=True)
+  total = time.perf_counter() - started
 
-  base, base_seconds = run(baseline_config, os.path.join(args.workdir, "baseline"))
-  big, big_seconds = run(planned_config, os.path.join(args.workdir, "planned"))
-  k = big.recipe.batch_size // base.recipe.batch_size
-  print("\n| run | batch | optimizer | peak LR | warmup epochs | steps | eval accuracy | wall s |")
-  print("|---|---:|---|---:|---:|---:|---:|---:|")
-  for name, r, seconds in (("baseline", base, base_seconds), (f"DATE {k}x", big, big_seconds)):
-    print(f"| {name} | {r.recipe.batch_size} | {r.recipe.optimizer} | {r.recipe.learning_rate:.4g} "
-          f"| {r.recipe.warmup_epochs:g} | {r.recipe.total_steps} "
-          f"| {100 * r.eval_metrics['accuracy']:.2f}% | {seconds:.0f} |")
+  table = markdown_table(rows)
+  summary = (f"{table}\n\nseed {args.seed}; baseline B_noise (median) = {noise:,.0f}; "
+             f"whole job {total:.0f} s")
+  print("\n" + summary)
+  os.makedirs(args.workdir, exist_ok=True)
+  with open(os.path.join(args.workdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(summary + "\n")
+  with open(os.path.join(args.workdir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump({"seed": args.seed, "noise_scale": noise, "seconds": total, "runs": rows}, f,
+              indent=2)
+
+  from dateopt import plots
+  curves = {r["run"]: r["workdir"] for r in rows}
+  title = f"{os.path.basename(args.config)}: eval accuracy (seed {args.seed})"
+  for path in filter(None, [os.path.join(args.workdir, "eval_accuracy.png"), args.figure]):
+    plots.plot_eval_curves(curves, path, title=title)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

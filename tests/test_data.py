@@ -8,7 +8,6 @@ from dateopt.data import (
     DATASET_NAMES,
     ArraySource,
     Dataset,
-    dataset_kwargs,
     epoch_permutation,
     get_dataset,
     image_layout,
@@ -132,14 +131,36 @@ def test_unknown_dataset_lists_the_allowed_names():
                                 "fake_images"}
 
 
-def test_unknown_or_bad_argument_names_the_field():
-  with pytest.raises(ValueError, match="seq_len"):
-    get_dataset("digits", seq_len=3)
+def test_bad_argument_names_the_field():
   with pytest.raises(ValueError, match="layout"):
     get_dataset("digits", layout="columns")
   with pytest.raises(ValueError, match="num_samples"):
     get_dataset("mnist1d", num_samples=0)
-  assert dataset_kwargs("ptb") == ("seq_len", "eval_split")
+
+
+@pytest.mark.parametrize("name, kwargs, keyword", [
+    ("digits", {"seq_len": 3}, "seq_len"),
+    ("ptb", {"seqlen": 3}, "seqlen"),
+    ("mnist", {"image_size": 28}, "image_size"),  # fails before any TFDS I/O
+])
+def test_unknown_keyword_is_a_type_error_naming_the_call_and_keyword(name, kwargs, keyword):
+  with pytest.raises(TypeError) as info:
+    get_dataset(name, **kwargs)
+  assert str(info.value) == (
+      f"get_dataset({name!r}) got an unexpected keyword argument {keyword!r}")
+  assert isinstance(info.value.__cause__, TypeError)  # Python's own error, chained
+
+
+def test_type_error_inside_a_builder_is_not_relabelled(monkeypatch):
+  from dateopt.data import registry
+
+  def builder(*, data_dir=None, seed=0):
+    raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+  monkeypatch.setitem(registry._BUILDERS, "digits", builder)
+  with pytest.raises(TypeError, match="^unsupported operand") as info:
+    get_dataset("digits", seed=1)
+  assert info.value.__cause__ is None
 
 
 def test_missing_tfds_data_is_a_clear_error(tmp_path):

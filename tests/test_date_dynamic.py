@@ -1,4 +1,4 @@
-"""DATE's dynamic part: statistics, the gradient noise scale, the divergence guard."""
+"""DATE's dynamic part: the gradient noise scale, the adaptive engine, statistics."""
 
 import doctest
 import functools
@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from dateopt import date
-from dateopt.date import guard as guard_lib
+from dateopt.date import progress as progress_lib
+from dateopt.date import noise as noise_lib
 from dateopt.date import stats as stats_lib
 
 # ---- noise scale: formulas ----------------------------------------------------
@@ -67,8 +68,8 @@ def _sample(key, n):
 
 
 def _measure_noise_scale(grads_and_sq_norms, steps=500):
-  """Runs `track_statistics` at the fixed point W with fresh batches each step."""
-  tx = date.track_statistics(optax.sgd(0.0), noise_decay=0.99)
+  """Runs `measure_noise_scale` at the fixed point W with fresh batches each step."""
+  tx = date.measure_noise_scale(optax.sgd(0.0), noise_decay=0.99)
 
   def body(state, key):
     grads, sq = grads_and_sq_norms(W, _sample(key, LOCAL_BATCH * REPLICAS))
@@ -160,7 +161,6 @@ def test_compute_statistics_norms_and_update_ratio():
   assert float(s.grad_norm) == pytest.approx(np.linalg.norm(flat(grads)), rel=1e-5)
   assert float(s.update_to_param_ratio) == pytest.approx(
       0.5 * np.linalg.norm(flat(grads)) / np.linalg.norm(flat(params)), rel=1e-5)
-  assert np.isnan(float(s.noise_scale))
 
 
 def test_track_statistics_leaves_updates_alone_inside_a_jitted_chain():
@@ -201,108 +201,20 @@ def test_track_statistics_records_only_when_asked():
 # ---- divergence guard ------------------------------------------------------------------
 
 
-def test_guard_skips_non_finite_gradients_and_keeps_the_inner_state():
-  tx = date.divergence_guard(optax.sgd(0.1, momentum=0.9))
-  params = {"w": jnp.ones(2)}
-  state = tx.init(params)
-  updates, state = tx.update({"w": jnp.array([1.0, 1.0])}, state, params, value=1.0)
-  momentum_before = state.inner_state
-  updates, state = tx.update({"w": jnp.array([jnp.inf, 1.0])}, state, params, value=1.0)
-  np.testing.assert_array_equal(updates["w"], [0.0, 0.0])
-  jax.tree.map(np.testing.assert_array_equal, state.inner_state, momentum_before)
-  assert (int(state.num_skipped), int(state.num_nonfinite), int(state.num_spikes)) == (1, 1, 0)
-  assert float(state.lr_multiplier) == 0.5
-  _, state = tx.update({"w": jnp.ones(2)}, state, params, value=jnp.nan)  # NaN loss
-  assert int(state.num_nonfinite) == 2
-
-
-def test_guard_skips_a_spike_then_recovers_the_multiplier_gradually():
-  tx = date.divergence_guard(optax.sgd(1.0), spike_factor=2.0, backoff=0.5,
-                             recovery_steps=10)
-  params, grads = {"w": jnp.zeros(1)}, {"w": jnp.ones(1)}
-  state = tx.init(params)
-  for _ in range(5):
-    _, state = tx.update(grads, state, params, value=1.0)
-  updates, state = tx.update(grads, state, params, value=3.0)  # a bad batch
-  assert float(updates["w"][0]) == 0.0 and int(state.num_spikes) == 1
-  assert float(state.loss_ema) == pytest.approx(1.0)  # the spike is not averaged in
-  multipliers = []
-  for _ in range(12):
-    updates, state = tx.update(grads, state, params, value=1.0)
-    multipliers.append(float(state.lr_multiplier))
-  # Each good step multiplies by 2^(1/10): back to 1 after 10 steps, then capped.
-  np.testing.assert_allclose(multipliers[:10], 0.5 * 2 ** (np.arange(1, 11) / 10), rtol=1e-5)
-  assert multipliers[-1] == 1.0
-  assert float(updates["w"][0]) == -1.0
-
-
-def test_guard_accepts_a_persistent_level_after_patience():
-  tx = date.divergence_guard(optax.sgd(1.0), patience=2)
-  params, grads = {"w": jnp.zeros(1)}, {"w": jnp.ones(1)}
-  state = tx.init(params)
-  _, state = tx.update(grads, state, params, value=1.0)
-  applied = []
-  for _ in range(4):
-    updates, state = tx.update(grads, state, params, value=10.0)
-    applied.append(float(updates["w"][0]))
-  # Two skips (x0.5 each), then the level is accepted at multiplier 0.25.
-  assert applied[:3] == [0.0, 0.0, -0.25]
-  assert float(state.loss_ema) == pytest.approx(10.0, rel=0.01)
-  assert int(state.num_skipped) == 2
-
-
-def _ill_conditioned_regression():
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(256, 10)) * np.linspace(0.3, 3.0, 10)  # curvature up to ~9
-  y = x @ rng.normal(size=10) + 0.1 * rng.normal(size=256)
-  x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
-  return lambda w: 0.5 * jnp.mean((x @ w - y) ** 2)
-
-
-def _train(make_tx, loss_fn, learning_rate, steps=400):
-  """Full-batch training; returns (final loss, first loss, optimizer state)."""
-  w = jnp.zeros(10)
-  tx = make_tx(learning_rate)  # built under jit: one compile for every LR
-
-  def body(carry, _):
-    w, state = carry
-    loss, grads = jax.value_and_grad(loss_fn)(w)
-    updates, state = tx.update(grads, state, w, value=loss)
-    return (optax.apply_updates(w, updates), state), loss
-
-  (w, state), losses = jax.lax.scan(body, (w, tx.init(w)), None, length=steps)
-  return loss_fn(w), losses[0], state
-
-
-def test_guard_rescues_a_run_with_a_ten_times_too_high_learning_rate():
-  loss_fn = _ill_conditioned_regression()
-  plain = lambda lr: optax.with_extra_args_support(optax.sgd(lr, momentum=0.9))
-  final, first, _ = jax.jit(jax.vmap(lambda lr: _train(plain, loss_fn, lr)))(
-      jnp.array([0.1, 1.0]))
-  assert float(final[0]) < 0.01 * float(first[0])  # the tuned LR learns
-  assert np.isnan(float(final[1]))  # 10x too high: diverges to NaN
-  guarded = lambda lr: optax.chain(optax.clip_by_global_norm(1e6),
-                                   date.divergence_guard(optax.sgd(lr, momentum=0.9)))
-  final, first, state = jax.jit(lambda lr: _train(guarded, loss_fn, lr))(1.0)
-  assert np.isfinite(float(final)) and float(final) < 0.01 * float(first)
-  assert int(state[1].num_skipped) > 0
-
-
-def test_guard_around_statistics_passes_both_extra_arguments_under_jit():
+def test_guard_around_statistics_passes_every_extra_argument_under_jit():
   params = {"w": jnp.ones((2, 2))}
-  tx = date.divergence_guard(date.track_statistics(optax.sgd(0.1)))
+  tx = date.divergence_guard(date.track_statistics(date.measure_noise_scale(optax.sgd(0.1))))
   sq = date.GradientSqNorms(jnp.float32(5.0), jnp.float32(2.375), 10, 80)
-  step = jax.jit(lambda g, s, loss: tx.update(g, s, params, value=loss, grad_sq_norms=sq))
+  step = jax.jit(lambda g, s, loss: tx.update(g, s, params, value=loss, grad_sq_norms=sq,
+                                              record=jnp.bool_(True)))
   state = tx.init(params)
   _, state = step({"w": jnp.ones((2, 2))}, state, 1.0)
-  updates, state = step({"w": jnp.ones((2, 2))}, state, 100.0)  # a spike: skipped
-  assert float(jnp.sum(jnp.abs(updates["w"]))) == 0.0 and int(state.num_spikes) == 1
   logged = date.statistics(state)  # found inside the guard's inner state
   assert float(logged["noise_scale"]) == pytest.approx(15.0, rel=1e-5)
   assert float(logged["grad_norm"]) == pytest.approx(2.0)
 
 
-@pytest.mark.parametrize("module", [stats_lib, guard_lib])
+@pytest.mark.parametrize("module", [stats_lib, noise_lib, progress_lib])
 def test_docstring_examples(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
   assert result.attempted > 0 and result.failed == 0
@@ -315,3 +227,149 @@ def test_noise_scale_is_infinite_when_the_signal_estimate_is_not_positive():
   assert float(state.grad_sq_ema) < 0
   assert float(date.noise_scale(state)) == float("inf")
   assert np.isnan(float(date.noise_scale(date.init_noise_scale())))
+
+
+# ---- the law: gain, efficiency, predicted steps ------------------------------------
+
+
+def test_gain_from_estimates_matches_the_closed_form_and_is_clipped():
+  # |G|² = 1, tr Σ = 320 (B_noise = 320), measured exactly (decay 0).
+  state = date.update_noise_scale(date.init_noise_scale(),
+                                  date.GradientSqNorms(1 + 320 / 64, 1 + 320 / 512, 64, 512),
+                                  0.0)
+  assert float(date.gain_from_estimates(state, 32, 512)) == pytest.approx(
+      date.adascale_gain(320.0, 32, 512), rel=1e-5)
+  assert date.adascale_gain(320.0, 32, 512) == pytest.approx((1 + 10) / (1 + 0.625))
+  # No measurement yet: the baseline's pace. Pure noise: k. No noise: 1.
+  assert float(date.gain_from_estimates(date.init_noise_scale(), 32, 512)) == 1.0
+  noise_only = date.NoiseScaleState(jnp.float32(-1.0), jnp.float32(5.0), jnp.int32(3))
+  assert float(date.gain_from_estimates(noise_only, 32, 512)) == pytest.approx(16.0)
+  signal_only = date.NoiseScaleState(jnp.float32(2.0), jnp.float32(-5.0), jnp.int32(3))
+  assert float(date.gain_from_estimates(signal_only, 32, 512)) == 1.0
+  assert date.adascale_gain(float("inf"), 32, 512) == 16.0
+
+
+def test_predicted_steps_by_hand():
+  # gain(B_noise = 1000, 100 -> 1000) = 11/2 = 5.5; 5500 baseline steps, no warmup.
+  assert date.predicted_steps(1000.0, 100, 1000, 5500) == 1000
+  # With a 10-step ramp: 5.5 · 11/2 = 30.25 covered in the ramp, (5500 − 30.25)/5.5 after.
+  assert date.predicted_steps(1000.0, 100, 1000, 5500, 10) == 10 + int(np.ceil(5469.75 / 5.5))
+  # A baseline that ends inside the ramp: r·n(n+1)/(2W) ≥ T.
+  n = date.predicted_steps(1000.0, 100, 1000, 20, 100)
+  assert 5.5 * n * (n + 1) / 200 >= 20 > 5.5 * (n - 1) * n / 200
+  with pytest.raises(TypeError, match="noise_scale"):
+    date.predicted_steps("500", 32, 512, 7500)
+  with pytest.raises(ValueError, match="noise_scale"):
+    date.predicted_steps(-1.0, 32, 512, 7500)
+
+
+# ---- the adaptive engine ------------------------------------------------------------
+
+
+def _adaptive_numpy(grads_seq, sq_seq, *, lr0, b0, b, base_steps, warmup, rule, decay):
+  """SGD under DATE's adaptive rule, written out in NumPy (float64)."""
+  w, tau, g_ema, t_ema, lrs, taus = np.ones(3), 0.0, 0.0, 0.0, [], []
+  for t, (g, (small, big, bs, bb)) in enumerate(zip(grads_seq, sq_seq)):
+    if tau >= base_steps:
+      break
+    g_est = (bb * big - bs * small) / (bb - bs)
+    t_est = (small - big) / (1 / bs - 1 / bb)
+    g_ema, t_ema = decay * g_ema + (1 - decay) * g_est, decay * t_ema + (1 - decay) * t_est
+    gain = np.clip((max(t_ema, 0) / b0 + max(g_ema, 0)) / (max(t_ema, 0) / b + max(g_ema, 0)),
+                   1, b / b0)
+    ramp = min(1.0, (t + 1) / warmup) if warmup else 1.0
+    lr = ramp * (gain if rule == "linear" else np.sqrt(gain)) * lr0(max(tau, warmup))
+    w = w - lr * np.asarray(g)
+    tau += ramp * gain
+    lrs.append(lr)
+    taus.append(tau)
+  return w, lrs, taus
+
+
+@pytest.mark.parametrize("rule", ["linear", "sqrt"])
+def test_adaptive_sgd_matches_a_numpy_transcription(rule):
+  lr0 = lambda s: 0.1 * (1 - min(s, 60) / 60)   # linear decay over 60 baseline steps
+  rng = np.random.default_rng(0)
+  grads = [rng.normal(size=3) for _ in range(40)]
+  sqs = [(float(s + 4 * n), float(s + n / 2), 8, 64)
+         for s, n in zip(rng.uniform(0.5, 2, 40), rng.uniform(1, 30, 40))]
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                     lambda s: 0.1 * (1 - jnp.minimum(s, 60) / 60), base_batch_size=8,
+                     batch_size=64, base_steps=60, warmup_steps=5, gain_rule=rule,
+                     noise_decay=0.5)
+  step = jax.jit(lambda g, s, p, sq: tx.update(g, s, p, grad_sq_norms=sq))
+  params, state = jnp.ones(3), tx.init(jnp.ones(3))
+  lrs = []
+  for g, sq in zip(grads, sqs):
+    updates, state = step(jnp.asarray(g, jnp.float32), state, params,
+                          date.GradientSqNorms(*[jnp.float32(v) for v in sq[:2]], *sq[2:]))
+    params = optax.apply_updates(params, updates)
+    lrs.append(float(optax.tree.get(state, "learning_rate")))
+  w, want_lrs, taus = _adaptive_numpy(grads, sqs, lr0=lr0, b0=8, b=64, base_steps=60,
+                                      warmup=5, rule=rule, decay=0.5)
+  assert int(state.count) == len(want_lrs) < 40   # it stopped by itself
+  assert float(state.progress) == pytest.approx(taus[-1], rel=1e-5) and taus[-1] >= 60
+  np.testing.assert_allclose(lrs[:len(want_lrs)], want_lrs, rtol=1e-5)
+  np.testing.assert_allclose(params, w, rtol=1e-5, atol=1e-6)
+  assert bool(date.progress_done(state, 60)) and step._cache_size() == 1
+
+
+def test_adaptive_without_noise_runs_the_baseline_schedule_step_for_step():
+  # B = B0: the gain is 1, so lr_t = ramp_t · lr0(max(t, W)) and τ = Σ ramp.
+  schedule = optax.linear_schedule(0.5, 0.0, 20)
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate), schedule,
+                     base_batch_size=16, batch_size=16, base_steps=20)
+  params, state = jnp.zeros(2), tx.init(jnp.zeros(2))
+  for t in range(20):
+    updates, state = tx.update(jnp.ones(2), state, params)
+    assert float(updates[0]) == pytest.approx(-float(schedule(t)), abs=1e-7)
+  assert bool(date.progress_done(state, 20))
+  updates, state = tx.update(jnp.ones(2), state, params)   # covered: nothing more
+  assert float(jnp.abs(updates).sum()) == 0.0 and int(state.count) == 20
+
+
+def test_adaptive_inside_guard_and_statistics_in_one_jitted_chain():
+  schedule = optax.cosine_decay_schedule(1e-2, 100)
+  tx = date.divergence_guard(date.track_statistics(date.adaptive(
+      lambda learning_rate: optax.adam(learning_rate), schedule, base_batch_size=8,
+      batch_size=64, base_steps=100, warmup_steps=4)))
+  params = {"w": jnp.ones((2, 2))}
+  state = tx.init(params)
+  sq = date.GradientSqNorms(jnp.float32(5.0), jnp.float32(2.375), 10, 80)
+  step = jax.jit(lambda g, s: tx.update(g, s, params, value=jnp.float32(1.0), grad_sq_norms=sq))
+  for _ in range(3):
+    _, state = step({"w": jnp.ones((2, 2))}, state)
+  assert float(date.statistics(state)["noise_scale"]) == pytest.approx(15.0, rel=1e-5)
+  assert float(optax.tree.get(state, "progress")) > 0
+
+
+def test_adaptive_rejects_bad_arguments():
+  make = lambda learning_rate: optax.sgd(learning_rate)
+  with pytest.raises(ValueError, match="gain_rule"):
+    date.adaptive(make, optax.constant_schedule(0.1), base_batch_size=8, batch_size=64,
+                  base_steps=10, gain_rule="cube")
+  with pytest.raises(ValueError, match="batch_size"):
+    date.adaptive(make, optax.constant_schedule(0.1), base_batch_size=64, batch_size=8,
+                  base_steps=10)
+  with pytest.raises(ValueError, match="warmup_steps"):
+    date.adaptive(make, optax.constant_schedule(0.1), base_batch_size=8, batch_size=64,
+                  base_steps=10, warmup_steps=10)
+
+
+def test_adaptive_plan_builds_the_adaptive_optimizer_and_explains_the_prediction():
+  base = date.Recipe(batch_size=32, num_examples=8000, num_epochs=30, learning_rate=2e-3,
+                     optimizer="adam", warmup_epochs=0.25)
+  big = date.plan(base, 512, "adaptive", noise_scale=500.0)
+  assert (big.adaptive, big.base_batch_size, big.batch_size) == (True, 32, 512)
+  assert (big.total_steps, big.warmup_steps, big.max_steps) == (7500, 63, 7563)
+  assert big.learning_rate == base.learning_rate and big.steps_per_epoch == 15
+  predicted = date.predicted_steps(500.0, 32, 512, 7500, 63)
+  assert date.plan_predicted_steps(big, 500.0) == predicted
+  assert f"{predicted} for B_noise = 500" in date.explain(base, big)
+  tx, schedule = date.build(big)
+  assert float(schedule(63)) == pytest.approx(2e-3)   # the baseline's, in baseline steps
+  state = tx.init({"w": jnp.ones(2)})
+  assert isinstance(state, date.AdaptiveState)
+  assert date.Recipe.from_dict(big.to_dict()) == big
+  with pytest.raises(ValueError, match="base_batch_size"):
+    base.replace(base_batch_size=64)

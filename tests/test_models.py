@@ -15,7 +15,6 @@ from dateopt.models import (
     BottleneckBlock,
     GhostBatchNorm,
     create_model,
-    model_kwargs,
 )
 from dateopt.models.resnet import _make_norm
 from import_isolation import assert_not_loaded  # tests/import_isolation.py
@@ -47,8 +46,6 @@ def test_unknown_model_name_lists_the_allowed_names():
 
 
 @pytest.mark.parametrize("name, kwargs, field", [
-    ("resnet50", {"hidden_size": 3}, "hidden_size"),
-    ("lstm_classifier", {"bn_group_size": 4}, "bn_group_size"),
     ("lstm_classifier", {"hidden_size": 0}, "hidden_size"),
     ("resnet18", {"bn_group_size": 0}, "bn_group_size"),
     ("resnet_tiny", {"stem": "huge"}, "stem"),
@@ -63,9 +60,33 @@ def test_bad_arguments_name_the_field(name, kwargs, field):
     create_model(name, **kwargs)
 
 
-def test_model_kwargs_lists_builder_fields():
-  assert model_kwargs("lstm_classifier") == ("hidden_size", "num_layers")
-  assert "bn_group_size" in model_kwargs("resnet50")
+@pytest.mark.parametrize("name, kwargs, keyword", [
+    ("resnet50", {"hidden_size": 3}, "hidden_size"),
+    ("resnet_tiny", {"bn_group_size": 4, "foo": 1}, "foo"),
+    ("lstm_classifier", {"bn_group_size": 4}, "bn_group_size"),
+    ("lstm_lm", {"vocab_size": 10, "hiden_size": 8}, "hiden_size"),
+])
+def test_unknown_keyword_is_a_type_error_naming_the_call_and_keyword(name, kwargs, keyword):
+  with pytest.raises(TypeError) as info:
+    create_model(name, **kwargs)
+  assert str(info.value) == (
+      f"create_model({name!r}) got an unexpected keyword argument {keyword!r}")
+  assert isinstance(info.value.__cause__, TypeError)  # Python's own error, chained
+
+
+def test_type_error_inside_a_builder_is_not_relabelled(monkeypatch):
+  import dateopt.models as models_module
+
+  def builder(*, num_classes=None, dtype=None, hidden_size=128):
+    raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+  monkeypatch.setitem(models_module._BUILDERS, "lstm_classifier", builder)
+  with pytest.raises(TypeError, match="^unsupported operand") as info:
+    create_model("lstm_classifier", hidden_size=3)
+  assert info.value.__cause__ is None
+
+
+def test_model_names():
   assert set(MODEL_NAMES) == {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
                               "resnet_tiny", "lstm_classifier", "lstm_lm"}
 

@@ -53,35 +53,96 @@ def test_batch_larger_than_dataset_when_dropping_raises():
   assert schedules.steps_per_epoch(100, 128, drop_remainder=False) == 1
 
 
-# ---- building blocks -------------------------------------------------------
+# ---- warmup + decay, against hand arithmetic ---------------------------------
 
 
-def test_linear_warmup_from_zero_and_from_a_start_value():
-  from_zero = schedules.linear_warmup(2.0, 10)
-  from_start = schedules.linear_warmup(2.0, 10, init_value=0.5)
-  assert float(from_zero(0)) == 0.0
-  assert float(from_zero(5)) == pytest.approx(1.0)
-  assert float(from_zero(10)) == pytest.approx(2.0)
-  assert float(from_start(0)) == pytest.approx(0.5)
-  assert float(from_start(4)) == pytest.approx(0.5 + 1.5 * 0.4)
+def _reference(t, decay, peak, warmup, total, init=0.0, power=2.0, end=0.0,
+               boundaries=(), rate=0.1, period=1, staircase=False):
+  """The documented formulas, written out independently in plain Python."""
+  if t < warmup:
+    return init + (peak - init) * t / warmup
+  u, span = t - warmup, total - warmup  # steps since the warmup, decay length
+  if decay == "polynomial":  # MLPerf: the denominator is span + 1
+    return end + (peak - end) * (1 - min(u, span + 1) / (span + 1)) ** power
+  if decay == "cosine":
+    return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * min(u, span) / span))
+  if decay == "exponential":
+    exponent = math.floor(u / period) if staircase else u / period
+    return max(peak * rate ** exponent, end)
+  if decay == "multistep":
+    return peak * rate ** sum(t >= b for b in boundaries)
+  return peak  # constant
 
 
-def test_decays_against_hand_arithmetic():
-  poly = schedules.polynomial_decay(1.0, 10, power=2.0, end_value=0.1)
-  assert float(poly(0)) == pytest.approx(1.0)
-  assert float(poly(4)) == pytest.approx(0.1 + 0.9 * 0.6 ** 2)
-  assert float(poly(25)) == pytest.approx(0.1)  # held at the end value
-  cosine = schedules.cosine_decay(2.0, 100, end_value=0.0)
-  assert float(cosine(25)) == pytest.approx(2.0 * 0.5 * (1 + math.cos(math.pi / 4)),
-                                            rel=1e-6)
-  expo = schedules.exponential_decay(1.0, 10, 0.5)
-  assert float(expo(5)) == pytest.approx(0.5 ** 0.5, rel=1e-6)
-  stairs = schedules.exponential_decay(1.0, 10, 0.5, staircase=True)
-  assert float(stairs(15)) == pytest.approx(0.5)
-  multi = schedules.multistep_decay(1.0, [10, 20], rate=0.1)
-  assert [float(multi(t)) for t in (9, 10, 19, 20)] == pytest.approx(
-      [1.0, 0.1, 0.1, 0.01])
-  assert float(schedules.constant(0.3)(12345)) == pytest.approx(0.3)
+DECAY_ARGS = {
+    "polynomial": {"power": 2.0, "end_value": 1e-4},
+    "cosine": {"end_value": 0.05},
+    "exponential": {"decay_rate": 0.5, "transition_steps": 500, "end_value": 0.3},
+    "multistep": {"boundaries": (300, 600), "decay_rate": 0.1},
+    "constant": {},
+}
+
+
+def _reference_kwargs(kwargs):
+  names = {"power": "power", "end_value": "end", "boundaries": "boundaries",
+           "decay_rate": "rate", "transition_steps": "period", "staircase": "staircase"}
+  return {names[k]: v for k, v in kwargs.items()}
+
+
+def _evaluate(schedule, steps):
+  return np.asarray(jax.jit(jax.vmap(schedule))(jnp.asarray(steps)))
+
+
+@pytest.mark.parametrize("decay", schedules.DECAYS)
+@pytest.mark.parametrize("init", [0.0, 0.5])
+def test_every_decay_against_hand_arithmetic(decay, init):
+  peak, warmup, total = 4.0, 200, 1000
+  s = schedules.warmup_decay_schedule(peak, warmup, total, decay, init_value=init,
+                                      **DECAY_ARGS[decay])
+  steps = np.concatenate([np.arange(0, total + 50, 7), [warmup - 1, warmup, total]])
+  want = [_reference(int(t), decay, peak, warmup, total, init,
+                     **_reference_kwargs(DECAY_ARGS[decay])) for t in steps]
+  np.testing.assert_allclose(_evaluate(s, steps), want, rtol=2e-5, atol=1e-6)
+  assert float(s(0)) == pytest.approx(init)
+
+
+@pytest.mark.parametrize("decay", schedules.DECAYS)
+def test_no_warmup_starts_at_the_peak(decay):
+  kwargs = {**DECAY_ARGS[decay], "boundaries": (0, 250)} if decay == "multistep" else (
+      DECAY_ARGS[decay])
+  s = schedules.warmup_decay_schedule(2.0, 0, 500, decay, **kwargs)
+  steps = np.arange(0, 520, 13)
+  want = [_reference(int(t), decay, 2.0, 0, 500, **_reference_kwargs(kwargs))
+          for t in steps]
+  np.testing.assert_allclose(_evaluate(s, steps), want, rtol=2e-5, atol=1e-6)
+  assert float(s(0)) == pytest.approx(0.2 if decay == "multistep" else 2.0)
+
+
+def test_exponential_staircase_and_floor():
+  kwargs = {"decay_rate": 0.5, "transition_steps": 10, "staircase": True,
+            "end_value": 0.1}
+  s = schedules.warmup_decay_schedule(1.0, 5, 100, "exponential", **kwargs)
+  # Staircase: 1.0 for 10 steps after the warmup, then 0.5, ...; floored at 0.1.
+  assert [float(s(t)) for t in (14, 15, 24, 25, 99)] == pytest.approx(
+      [1.0, 0.5, 0.5, 0.25, 0.1])
+  steps = np.arange(0, 100)
+  want = [_reference(int(t), "exponential", 1.0, 5, 100, **_reference_kwargs(kwargs))
+          for t in steps]
+  np.testing.assert_allclose(_evaluate(s, steps), want, rtol=1e-6)
+
+
+def test_exponential_without_decay_stays_at_the_peak():
+  # decay_rate = 1 keeps the peak; end_value stays a floor, never a ceiling.
+  s = schedules.warmup_decay_schedule(1.0, 10, 100, "exponential", decay_rate=1.0,
+                                      end_value=0.1)
+  assert [float(s(t)) for t in (10, 50, 99)] == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_repeated_multistep_boundaries_multiply():
+  s = schedules.warmup_decay_schedule(1.0, 10, 100, "multistep",
+                                      boundaries=(40, 40, 70), decay_rate=0.5)
+  assert [float(s(t)) for t in (39, 40, 69, 70)] == pytest.approx(
+      [1.0, 0.25, 0.25, 0.125])
 
 
 def _mlperf_reference(t, peak, warmup, total, power=2.0, end=1e-4):
@@ -104,21 +165,12 @@ def test_warmup_polynomial_decay_is_the_mlperf_formula():
                                                  rel=1e-4)
 
 
-DECAY_ARGS = {
-    "polynomial": {"power": 2.0, "end_value": 1e-4},
-    "cosine": {"end_value": 0.0},
-    "exponential": {"rate": 0.5, "transition_steps": 500},
-    "multistep": {"boundaries": (300, 600), "rate": 0.1},
-    "constant": {},
-}
-
-
 @pytest.mark.parametrize("decay", schedules.DECAYS)
 @pytest.mark.parametrize("init", [0.0, 0.5])
 def test_continuous_at_the_warmup_boundary(decay, init):
   peak, warmup, total = 4.0, 200, 1000
   s = schedules.warmup_decay_schedule(peak, warmup, total, decay,
-                                      warmup_init_value=init, **DECAY_ARGS[decay])
+                                      init_value=init, **DECAY_ARGS[decay])
   before, at, after = float(s(warmup - 1)), float(s(warmup)), float(s(warmup + 1))
   ramp_step = (peak - init) / warmup
   assert at == pytest.approx(peak, rel=1e-6)
@@ -131,35 +183,55 @@ def test_schedules_are_jit_safe(decay):
   s = schedules.warmup_decay_schedule(1.0, 100, 1000, decay, **DECAY_ARGS[decay])
   steps = jnp.arange(0, 1000, 37)
   eager = np.array([float(s(int(t))) for t in steps])
-  np.testing.assert_allclose(np.asarray(jax.jit(jax.vmap(s))(steps)), eager, rtol=1e-5,
-                             atol=1e-7)
+  np.testing.assert_allclose(_evaluate(s, steps), eager, rtol=1e-5, atol=1e-7)
+
+
+# ---- schedules in epochs -----------------------------------------------------
 
 
 def test_epoch_schedule_places_milestones_at_epochs():
   s = schedules.epoch_schedule(0.4, 5, 90, IMAGENET, 1024, "multistep",
                                decay_epochs=(30, 60, 80))
   per_epoch = 1251
+  assert float(s(5 * per_epoch // 2)) == pytest.approx(0.2, rel=1e-3)  # mid-warmup
   assert float(s(30 * per_epoch - 1)) == pytest.approx(0.4)
   assert float(s(30 * per_epoch)) == pytest.approx(0.04)
   assert float(s(80 * per_epoch)) == pytest.approx(0.4e-3)
 
 
-# ---- LEGW and Goyal ---------------------------------------------------------
+@pytest.mark.parametrize("decay", ["polynomial", "cosine", "exponential"])
+def test_epoch_schedule_converts_every_length_with_epochs_to_steps(decay):
+  # 100,000 examples at batch 300 (333.3 steps, 333 kept): 2.25 warmup epochs
+  # (749.25 steps), 12 epochs, exponential period 1.25 epochs (416.25 steps).
+  warmup, total, period = 749, 12 * 333, 416
+  s = schedules.epoch_schedule(0.8, 2.25, 12, 100_000, 300, decay, init_value=0.01,
+                               power=1.5, end_value=0.02, decay_rate=0.7,
+                               decay_every_epochs=1.25, staircase=True)
+  steps = np.arange(0, total + 1, 11)
+  want = [_reference(int(t), decay, 0.8, warmup, total, 0.01, power=1.5, end=0.02,
+                     rate=0.7, period=period, staircase=True) for t in steps]
+  np.testing.assert_allclose(_evaluate(s, steps), want, rtol=2e-5, atol=1e-6)
 
-# REFERENCE.md §3: batch -> (peak LR, warmup epochs) from B0 = 1K, 2^2.5, 0.3125.
-LEGW_TABLE = {512: (4.0, 0.15625), 1024: (5.657, 0.3125), 2048: (8.0, 0.625),
-              4096: (11.31, 1.25), 8192: (16.0, 2.5), 16384: (22.63, 5.0),
-              32768: (32.0, 10.0)}
+
+def test_epoch_schedule_keeps_the_last_partial_batch_when_asked():
+  # 1000 examples at batch 300: 3 steps per epoch dropping, 4 keeping.
+  dropped = schedules.epoch_schedule(1.0, 1, 10, 1000, 300, "constant")
+  kept = schedules.epoch_schedule(1.0, 1, 10, 1000, 300, "constant",
+                                  drop_remainder=False)
+  assert float(dropped(3)) == pytest.approx(1.0)
+  assert float(kept(3)) == pytest.approx(0.75)
 
 
-@pytest.mark.parametrize("batch", sorted(LEGW_TABLE))
-def test_legw_schedule_reproduces_the_reference_table(batch):
-  peak, warmup_epochs = LEGW_TABLE[batch]
-  assert schedules.legw_warmup_epochs(0.3125, 1024, batch) == warmup_epochs
-  s = schedules.legw_schedule(2 ** 2.5, 1024, batch, 0.3125, 90, IMAGENET)
-  warmup_steps = schedules.epochs_to_steps(warmup_epochs, IMAGENET, batch)
-  assert float(s(warmup_steps)) == pytest.approx(peak, rel=1e-3)  # table rounds
-  assert float(s(warmup_steps - 1)) < float(s(warmup_steps))
+# ---- LEGW warmup length (the schedule itself: dateopt.date.plan) ------------
+
+# REFERENCE.md §3: batch -> warmup epochs from B0 = 1K, 0.3125 epochs.
+LEGW_WARMUP = {512: 0.15625, 1024: 0.3125, 2048: 0.625, 4096: 1.25, 8192: 2.5,
+               16384: 5.0, 32768: 10.0}
+
+
+@pytest.mark.parametrize("batch", sorted(LEGW_WARMUP))
+def test_legw_warmup_epochs_reproduce_the_reference_table(batch):
+  assert schedules.legw_warmup_epochs(0.3125, 1024, batch) == LEGW_WARMUP[batch]
 
 
 def test_legw_warmup_steps_are_the_same_for_every_k():
@@ -174,39 +246,37 @@ def test_legw_warmup_steps_are_the_same_for_every_k():
   assert max(imagenet) - min(imagenet) <= 1
 
 
-def test_legw_warmup_ends_where_the_schedule_peaks():
-  for batch in (2048, 16384):
-    s = schedules.legw_schedule(0.1, 1024, batch, 0.5, 20, 1024 * 64)
-    w = schedules.epochs_to_steps(0.5 * batch / 1024, 1024 * 64, batch)
-    assert w == 32  # 0.5 epochs of 64 steps at batch 1024
-    assert float(s(w // 2)) == pytest.approx(0.5 * 0.1 * math.sqrt(batch / 1024))
-
-
-def test_goyal_schedule():
-  s = schedules.goyal_schedule(0.1, 256, 8192, 90, IMAGENET)
-  per_epoch = 156
-  assert float(s(0)) == pytest.approx(0.1)  # warmup from the small-batch LR
-  assert float(s(5 * per_epoch)) == pytest.approx(3.2)
-  assert float(s(30 * per_epoch)) == pytest.approx(0.32)
-  assert float(s(60 * per_epoch)) == pytest.approx(0.032)
-  from_zero = schedules.goyal_schedule(0.1, 256, 8192, 90, IMAGENET, warmup_init_value=0.0)
-  assert float(from_zero(0)) == 0.0
-
-
 # ---- bad input ----------------------------------------------------------------
 
 
-def test_bad_schedule_arguments_name_the_field():
-  with pytest.raises(ValueError, match="warmup_steps"):
-    schedules.warmup_decay_schedule(1.0, 100, 100, "cosine")
-  with pytest.raises(ValueError, match="warmup_epochs"):
-    schedules.epoch_schedule(1.0, 90, 90, IMAGENET, 1024)
-  with pytest.raises(ValueError, match="decay"):
-    schedules.warmup_decay_schedule(1.0, 10, 100, "linear-ish")
-  with pytest.raises(ValueError, match=r"boundaries\[0\]"):
-    schedules.warmup_decay_schedule(1.0, 10, 100, "multistep", boundaries=(5,))
-  with pytest.raises(ValueError, match="batch_size"):
-    schedules.legw_schedule(1.0, 1024, 0, 1.0, 90, IMAGENET)
+@pytest.mark.parametrize("field, build", [
+    ("total_steps", lambda: schedules.warmup_decay_schedule(1.0, 0, 0)),
+    ("warmup_steps", lambda: schedules.warmup_decay_schedule(1.0, 100, 100, "cosine")),
+    ("warmup_steps", lambda: schedules.warmup_decay_schedule(1.0, -1, 100)),
+    ("decay", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "linear-ish")),
+    (r"boundaries\[0\]", lambda: schedules.warmup_decay_schedule(
+        1.0, 10, 100, "multistep", boundaries=(5,))),
+    ("power", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "polynomial",
+                                                      power=0.0)),
+    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "exponential",
+                                                           decay_rate=1.5)),
+    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "multistep",
+                                                           decay_rate=0.0)),
+    ("transition_steps", lambda: schedules.warmup_decay_schedule(
+        1.0, 10, 100, "exponential", transition_steps=0)),
+    ("power", lambda: schedules.warmup_polynomial_decay(1.0, 10, 100, power=-1.0)),
+    ("warmup_epochs", lambda: schedules.epoch_schedule(1.0, 90, 90, IMAGENET, 1024)),
+    ("num_epochs", lambda: schedules.epoch_schedule(1.0, 0, 0, IMAGENET, 1024)),
+    (r"decay_epochs\[1\]", lambda: schedules.epoch_schedule(
+        1.0, 5, 90, IMAGENET, 1024, "multistep", decay_epochs=(30, 95))),
+    ("decay_every_epochs", lambda: schedules.epoch_schedule(
+        1.0, 5, 90, IMAGENET, 1024, "exponential", decay_every_epochs=-1.0)),
+    ("batch_size", lambda: schedules.epoch_schedule(1.0, 5, 90, IMAGENET, 0)),
+    ("batch_size", lambda: schedules.legw_warmup_epochs(1.0, 1024, 0)),
+])
+def test_bad_schedule_arguments_name_the_field(field, build):
+  with pytest.raises(ValueError, match=field):
+    build()
 
 
 def test_docstring_examples():

@@ -47,6 +47,7 @@ def _assert_learning(result, workdir):
     assert json.load(f)["planned"]["batch_size"] == result.recipe.batch_size
   lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
   assert any("train/date/noise_scale" in line for line in lines)
+  assert any("train/examples_per_second" in line for line in lines)
   # Statistics are computed on the logged steps only: each logged one is fresh, not NaN.
   logged = [json.loads(line) for line in lines if "train/date/grad_norm" in line]
   assert logged and all(np.isfinite(r["train/date/grad_norm"]) for r in logged)
@@ -123,6 +124,19 @@ def test_missing_dataset_files_fail_before_compiling(tmp_path):
   config.model_kwargs = {}
   with pytest.raises((FileNotFoundError, ValueError), match="nowhere"):
     train.build_experiment(config)
+
+
+@pytest.mark.parametrize("field", ["model_kwargs", "dataset_kwargs"])
+def test_unknown_registry_keyword_names_the_config_field(field):
+  config = _config()
+  setattr(config, field, dict(hidden_sise=8))
+  with pytest.raises(ValueError, match=f"config.{field}.*hidden_sise"):
+    train.build_experiment(config)
+
+
+def test_adaptive_needs_gradient_groups():
+  with pytest.raises(ValueError, match="config.grad_groups"):
+    train.build_experiment(_config(strategy="adaptive", grad_groups=0))
 
 
 def test_bad_baseline_field_is_named(tmp_path):
@@ -217,15 +231,45 @@ def test_logged_learning_rate_is_the_one_the_guarded_optimizer_applies():
   from dateopt import date
   from dateopt.train import steps
   schedule = optax.linear_schedule(0.0, 1.0, 10)
-  tx = date.divergence_guard(optax.sgd(schedule))
+  tx = date.divergence_guard(optax.inject_hyperparams(optax.sgd)(learning_rate=schedule))
   params, grads = {"w": jnp.ones(3)}, {"w": jnp.full(3, 2.0)}
   state = tx.init(params)
   nan = {"w": jnp.full(3, jnp.nan)}
-  for step, g in enumerate([grads, grads, nan, nan, grads, grads]):
-    logged = steps.applied_learning_rate(schedule, state, jnp.int32(step))
-    updates, state = tx.update(g, state, params, value=jnp.float32(1.0))
-    if g is grads:  # accepted: the update is −lr·g with exactly the logged lr
-      np.testing.assert_allclose(updates["w"], -2.0 * float(logged), rtol=1e-6)
+  for g in [grads, grads, nan, nan, grads, grads]:
+    updates, new_state = tx.update(g, state, params, value=jnp.float32(1.0))
+    logged = steps.applied_learning_rate(state, new_state)
+    # Accepted: the update is −lr·g with exactly the logged lr; skipped: 0 applied.
+    np.testing.assert_allclose(updates["w"], -2.0 * float(logged) if g is grads else 0.0,
+                               rtol=1e-6)
+    state = new_state
   # Two skips: the schedule lags the step count, and the multiplier has backed off.
   assert int(state.num_skipped) == 2 and float(state.lr_multiplier) < 1.0
   assert float(logged) != pytest.approx(float(schedule(5)))
+  assert steps.applied_learning_rate(optax.sgd(0.1).init(params),
+                                     optax.sgd(0.1).init(params)) is None
+
+
+def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
+  """DATE adaptive end to end: the run ends when its progress covers the baseline's steps."""
+  config = tiny_config.get_config()
+  config.strategy, config.grad_groups, config.log_every_steps = "adaptive", 4, 1
+  config.plan = dict(noise_scale=50.0)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  baseline_steps = result.baseline.total_steps           # 2 epochs of 960 at batch 16
+  assert result.recipe.adaptive and baseline_steps == 120
+  assert baseline_steps // 4 <= result.steps < baseline_steps   # 1 ≤ gain ≤ k = 4
+  assert result.predicted_steps == date_predicted(50.0, 16, 64, 120, result.recipe.warmup_steps)
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  progress = [r["train/date/progress"] for r in rows if "train/date/progress" in r]
+  assert progress[-1] >= baseline_steps > progress[-2]     # stopped at the crossing step
+  assert max(r["step"] for r in rows if "train/loss" in r) == result.steps
+  gains = [r["train/date/gain"] for r in rows if "train/date/gain" in r]
+  assert all(1.0 <= g <= 4.0 for g in gains)
+  assert any(r.get("run/steps") == result.steps for r in rows)
+  timed = [r for r in rows if "train/step_seconds" in r]
+  assert timed and all(r["train/examples_per_second"] > 0 for r in timed)
+
+
+def date_predicted(*args):
+  from dateopt import date
+  return date.predicted_steps(*args)

@@ -28,7 +28,7 @@ from dateopt.data.base import (
     image_layout,
     process_rows,
 )
-from dateopt.data.registry import DATASET_NAMES, dataset_kwargs, get_dataset
+from dateopt.data.registry import DATASET_NAMES, get_dataset
 
 __all__ = [
     "ArraySource",
@@ -37,7 +37,6 @@ __all__ = [
     "ExampleSource",
     "LAYOUTS",
     "TASKS",
-    "dataset_kwargs",
     "epoch_permutation",
     "example_rng",
     "get_dataset",

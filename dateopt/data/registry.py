@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 from dateopt.data.base import Dataset
@@ -23,18 +22,6 @@ _BUILDERS: dict[str, Callable[..., Dataset]] = {
     "fake_images": build_fake_images,
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_BUILDERS)
-
-
-def dataset_kwargs(name: str) -> tuple[str, ...]:
-  """The keyword arguments `get_dataset(name, ...)` accepts besides data_dir.
-
-  Example:
-    >>> dataset_kwargs("ptb")
-    ('seq_len', 'eval_split')
-  """
-  check_choice("dataset name", name, DATASET_NAMES)
-  parameters = inspect.signature(_BUILDERS[name]).parameters
-  return tuple(p for p in parameters if p != "data_dir")
 
 
 def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dataset:
@@ -61,11 +48,14 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
     name: one of `DATASET_NAMES`.
     data_dir: where the data lives (TFDS data dir, PTB directory, MNIST-1D
       cache); None for each dataset's default. Ignored by digits and fake_images.
-    **kwargs: dataset-specific arguments, listed above and by `dataset_kwargs`.
+    **kwargs: dataset-specific arguments, listed above; passed straight to
+      the dataset's builder.
 
   Raises:
-    ValueError: unknown name (listing the allowed ones), unknown argument or
-      bad value (naming it).
+    ValueError: unknown name (listing the allowed ones) or bad value (naming
+      it).
+    TypeError: a keyword argument the dataset does not take, named in the
+      message: "get_dataset('ptb') got an unexpected keyword argument 'foo'".
     FileNotFoundError: the dataset's files are not where it looked (the
       message names the dataset and the path).
 
@@ -73,9 +63,17 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
     >>> ds = get_dataset("mnist1d", num_samples=5000)
     >>> batch = ds.train_batch(0, 128, seed=0)
   """
-  allowed = dataset_kwargs(name)
-  for key in kwargs:
-    if key not in allowed:
-      raise ValueError(f"get_dataset({name!r}) got an unknown argument {key!r}; "
-                       f"allowed: data_dir, {', '.join(allowed)}.")
-  return _BUILDERS[name](data_dir=data_dir, **kwargs)
+  check_choice("dataset name", name, DATASET_NAMES)
+  build = _BUILDERS[name]
+  try:
+    return build(data_dir=data_dir, **kwargs)
+  except TypeError as error:
+    if error.__traceback__.tb_next is not None:  # raised inside the builder: not ours
+      raise
+    raise _call_error(f"get_dataset({name!r})", error) from error
+
+
+def _call_error(call: str, error: TypeError) -> TypeError:
+  """Python's own argument-binding message, with `call` in place of the builder's name."""
+  _, found, rest = str(error).partition("() ")
+  return TypeError(f"{call} {rest}" if found else f"{call}: {error}")

@@ -1,23 +1,45 @@
 """DATE, the Dynamic Adaptive-Tuning Engine: plan, explain, build, and watch.
 
-Static planning turns one tuned small-batch `Recipe` into a large-batch one
-(`plan`), says why (`explain`) and builds its optax optimizer (`build`). The
-dynamic part is a set of optax wrappers a trainer plugs in: `track_statistics`
-(gradient norm, trust ratios, update ratio, gradient noise scale) and
+Planning turns one tuned small-batch `Recipe` into a large-batch one (`plan`),
+says why (`explain`) and builds its optax optimizer (`build`). With
+`strategy="adaptive"` the plan is dynamic: `adaptive` walks the baseline's
+schedule at the pace the gradient noise scale measured each step allows
+(AdaScale's gain), and stops when it has covered the baseline's steps. The
+other optax wrappers a trainer plugs in: `measure_noise_scale` (the noise EMAs
+alone), `track_statistics` (gradient norm, trust ratios, update ratio) and
 `divergence_guard` (skip bad steps, back the LR off, recover it).
 
 Example:
   >>> from dateopt import date
   >>> base = date.Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
   ...                    learning_rate=2**2.5, optimizer="lars",
-  ...                    warmup_epochs=0.3125, decay="polynomial", end_lr=1e-4)
+  ...                    warmup_epochs=0.3125, decay="polynomial", end_value=1e-4)
   >>> big = date.plan(base, 16384)
   >>> tx, schedule = date.build(big)
   >>> tx = date.track_statistics(date.divergence_guard(tx))
+  >>> adaptive_tx, base_schedule = date.build(date.plan(base, 16384, "adaptive"))
 """
 
-from dateopt.date.builder import build, build_schedule
+from dateopt.date.progress import AdaptiveState, adaptive, progress_done
+from dateopt.date.builder import build, build_schedule, optimizer_factory
 from dateopt.date.guard import DivergenceGuardState, divergence_guard
+from dateopt.date.noise import (
+    GradientSqNorms,
+    NoiseMeasurementState,
+    NoiseScaleState,
+    adascale_gain,
+    cross_replica_sq_norms,
+    expected_efficiency,
+    gain_from_estimates,
+    grouped_value_and_grad,
+    init_noise_scale,
+    measure_noise_scale,
+    no_measurement,
+    noise_estimates,
+    noise_scale,
+    predicted_steps,
+    update_noise_scale,
+)
 from dateopt.date.planner import (
     DEFAULT_PROMOTE_ABOVE,
     DEFAULT_PROMOTION_ANCHORS,
@@ -25,33 +47,27 @@ from dateopt.date.planner import (
     LargeBatchWarning,
     explain,
     plan,
+    plan_predicted_steps,
 )
-from dateopt.date.recipe import OPTIMIZERS, Recipe
+from dateopt.date.recipe import GAIN_RULES, OPTIMIZERS, Recipe
 from dateopt.date.stats import (
-    GradientSqNorms,
-    NoiseScaleState,
     StatisticsState,
     TrainingStatistics,
-    adascale_gain,
     compute_statistics,
-    cross_replica_sq_norms,
-    expected_efficiency,
-    grouped_value_and_grad,
-    init_noise_scale,
-    noise_estimates,
-    noise_scale,
     statistics,
     track_statistics,
     trust_ratio_summary,
-    update_noise_scale,
 )
 
 __all__ = [
+    "AdaptiveState",
     "DEFAULT_PROMOTE_ABOVE",
     "DEFAULT_PROMOTION_ANCHORS",
     "DivergenceGuardState",
+    "GAIN_RULES",
     "GradientSqNorms",
     "LargeBatchWarning",
+    "NoiseMeasurementState",
     "NoiseScaleState",
     "OPTIMIZERS",
     "Recipe",
@@ -59,6 +75,7 @@ __all__ = [
     "StatisticsState",
     "TrainingStatistics",
     "adascale_gain",
+    "adaptive",
     "build",
     "build_schedule",
     "compute_statistics",
@@ -66,11 +83,18 @@ __all__ = [
     "divergence_guard",
     "expected_efficiency",
     "explain",
+    "gain_from_estimates",
     "grouped_value_and_grad",
     "init_noise_scale",
+    "measure_noise_scale",
+    "no_measurement",
     "noise_estimates",
     "noise_scale",
+    "optimizer_factory",
     "plan",
+    "plan_predicted_steps",
+    "predicted_steps",
+    "progress_done",
     "statistics",
     "track_statistics",
     "trust_ratio_summary",

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import optax
 
 from dateopt import masks, schedules, transforms
+from dateopt.date.progress import adaptive
 from dateopt.date.recipe import Recipe
 from dateopt.validation import check_type
 
+OptimizerFactory = Callable[[optax.ScalarOrSchedule], optax.GradientTransformation]
 
-def build_schedule(recipe: Recipe) -> schedules.Schedule:
+
+def build_schedule(recipe: Recipe) -> optax.Schedule:
   """The recipe's learning-rate schedule (step -> LR), an optax schedule.
 
-  A linear warmup from `warmup_init_lr` to `learning_rate` over
+  A linear warmup from `init_value` to `learning_rate` over
   `warmup_epochs`, then `decay` over the rest of `num_epochs`; epochs become
-  steps with the recipe's batch size and drop_remainder policy.
+  steps at the recipe's `schedule_batch_size` (its batch, or the baseline's
+  for an adaptive recipe) with its drop_remainder policy.
 
   Example:
     >>> r = Recipe(batch_size=256, num_examples=50_000, num_epochs=10,
@@ -27,14 +30,14 @@ def build_schedule(recipe: Recipe) -> schedules.Schedule:
   """
   return schedules.epoch_schedule(
       recipe.learning_rate, recipe.warmup_epochs, recipe.num_epochs,
-      recipe.num_examples, recipe.batch_size, recipe.decay,
+      recipe.num_examples, recipe.schedule_batch_size, recipe.decay,
       drop_remainder=recipe.drop_remainder,
-      warmup_init_value=recipe.warmup_init_lr, power=recipe.decay_power,
-      end_value=recipe.end_lr, decay_epochs=recipe.decay_epochs,
-      rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
+      init_value=recipe.init_value, power=recipe.power,
+      end_value=recipe.end_value, decay_epochs=recipe.decay_epochs,
+      decay_rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
 
 
-def build(recipe: Recipe) -> tuple[optax.GradientTransformation, schedules.Schedule]:
+def build(recipe: Recipe) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
   Families: "sgd", "momentum", "nesterov" (`optax.sgd`, weight decay added to
@@ -45,27 +48,64 @@ def build(recipe: Recipe) -> tuple[optax.GradientTransformation, schedules.Sched
   `recipe.grad_clip_norm` prepends a global-norm clip;
   `recipe.optimizer_options` are passed to the family's factory.
 
+  A static recipe's optimizer is `optax.inject_hyperparams` of the family
+  with the schedule as its learning rate, so the LR each step applied is in
+  the state (`optax.tree.get(state, "learning_rate")`). An adaptive recipe's
+  is `dateopt.date.adaptive` over the same family: it takes the step's
+  `GradientSqNorms` as `update(..., grad_sq_norms=...)`.
+
   Args:
     recipe: the training recipe.
 
   Returns:
-    `(tx, schedule)`: an optax GradientTransformation whose learning rate
-    follows `schedule`, and the schedule itself (for logging).
+    `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
+    an adaptive recipe, the baseline's, in baseline steps).
 
   Example:
     >>> r = Recipe(batch_size=8192, num_examples=1_281_167, num_epochs=42,
     ...            learning_rate=17.0, optimizer="lars", warmup_epochs=5,
-    ...            decay="polynomial", end_lr=1e-4, weight_decay=2e-4)
+    ...            decay="polynomial", end_value=1e-4, weight_decay=2e-4)
     >>> tx, schedule = build(r)
   """
   check_type("recipe", recipe, Recipe, "a dateopt.date.Recipe")
   schedule = build_schedule(recipe)
-  factory, kwargs = _FAMILIES[recipe.optimizer](recipe)
-  kwargs.update(_checked_options(recipe, factory, kwargs))
-  tx = factory(schedule, **kwargs)
-  if recipe.grad_clip_norm is not None:
-    tx = optax.chain(optax.clip_by_global_norm(recipe.grad_clip_norm), tx)
+  make = optimizer_factory(recipe)
+  if recipe.adaptive:
+    tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
+                  batch_size=recipe.batch_size, base_steps=recipe.total_steps,
+                  warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule)
+  else:
+    tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule
+
+
+def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
+  """`make(learning_rate)`: the recipe's optimizer family with every other field bound.
+
+  Example:
+    >>> r = Recipe(batch_size=256, num_examples=50_000, num_epochs=10,
+    ...            learning_rate=0.1, optimizer="adam", weight_decay=1e-4)
+    >>> tx = optimizer_factory(r)(1e-3)
+  """
+  family, kwargs = _FAMILIES[recipe.optimizer](recipe)
+  for key in recipe.optimizer_options:
+    if key in kwargs:
+      raise ValueError(f"optimizer_options[{key!r}] duplicates a Recipe field; set the "
+                       f"field instead.")
+  kwargs.update(recipe.optimizer_options)
+
+  def make(learning_rate):
+    tx = family(learning_rate, **kwargs)
+    if recipe.grad_clip_norm is None:
+      return tx
+    return optax.chain(optax.clip_by_global_norm(recipe.grad_clip_norm), tx)
+
+  try:
+    make(recipe.learning_rate)  # a bad option fails here, not inside the first step
+  except TypeError as error:
+    raise TypeError(f"optimizer_options of the {recipe.optimizer!r} optimizer: "
+                    f"{error}") from error
+  return make
 
 
 def _eps(recipe: Recipe) -> dict[str, float]:
@@ -79,17 +119,15 @@ def _decay_mask(recipe: Recipe) -> Callable[[Any], Any]:
   return lambda params: masks.resolve(mask, params)
 
 
-def _with_coupled_decay(recipe: Recipe, make: Callable[..., optax.GradientTransformation]):
-  """A factory that adds `weight_decay·w` to the gradient, then runs `make`."""
+def _with_coupled_decay(recipe: Recipe, family: OptimizerFactory) -> Callable[..., Any]:
+  """`family`, after adding `weight_decay·w` (masked) to the gradient."""
 
   def factory(learning_rate, **kwargs):
     if recipe.weight_decay == 0.0:
-      return make(learning_rate, **kwargs)
-    return optax.chain(
-        optax.add_decayed_weights(recipe.weight_decay, _decay_mask(recipe)),
-        make(learning_rate, **kwargs))
+      return family(learning_rate, **kwargs)
+    return optax.chain(optax.add_decayed_weights(recipe.weight_decay, _decay_mask(recipe)),
+                       family(learning_rate, **kwargs))
 
-  factory.__signature__ = inspect.signature(make)  # options are checked against make
   return factory
 
 
@@ -123,20 +161,6 @@ def _lamb(recipe):
                            "mask": masks.from_name(recipe.mask)}
 
 
+# Adding a family: an entry here and its fields in recipe.OPTIMIZERS / _OPTIMIZER_FIELDS.
 _FAMILIES = {"sgd": _sgd, "momentum": _sgd, "nesterov": _sgd, "adam": _adam,
              "adamw": _adamw, "lars": _lars, "lamb": _lamb}
-
-
-def _checked_options(recipe: Recipe, factory, kwargs: dict) -> dict[str, Any]:
-  """`recipe.optimizer_options`, checked against the factory's signature."""
-  accepted = set(inspect.signature(factory).parameters) - {"learning_rate"}
-  for key in recipe.optimizer_options:
-    if key in kwargs:
-      raise ValueError(
-          f"optimizer_options[{key!r}] duplicates a Recipe field; set the field "
-          f"instead.")
-    if key not in accepted:
-      raise ValueError(
-          f"optimizer_options[{key!r}] is not an argument of the "
-          f"{recipe.optimizer!r} optimizer; accepted: {', '.join(sorted(accepted - set(kwargs)))}.")
-  return dict(recipe.optimizer_options)

@@ -8,11 +8,11 @@ import warnings
 from typing import Mapping
 
 from dateopt import schedules
-from dateopt.date.recipe import MOMENTUM_OPTIMIZERS, Recipe
-from dateopt.date.stats import expected_efficiency
+from dateopt.date.noise import expected_efficiency, predicted_steps
+from dateopt.date.recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, Recipe
 from dateopt.validation import check_choice, check_range, check_type
 
-STRATEGIES = ("legw", "linear", "sqrt", "none")
+STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
 
 # The LR rule each strategy applies to the peak (and the whole LR curve).
 _LR_RULES = {"legw": "sqrt", "linear": "linear", "sqrt": "sqrt", "none": "none"}
@@ -49,10 +49,19 @@ def plan(
     momentum_scaling: bool = False,
     noise_scale: float | None = None,
     critical_batch_factor: float = 4.0,
+    gain_rule: str = "linear",
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
   With k = batch_size / baseline.batch_size, the strategies are:
+    * "adaptive": DATE's dynamic mode (`dateopt.date.adaptive`). The recipe
+      keeps the baseline's schedule, counted in baseline steps, and records
+      B0 in `base_batch_size`; while training, each step advances that
+      schedule by the gain r_t measured from the gradient noise scale and
+      scales its LR by r_t (`gain_rule="linear"`) or √r_t ("sqrt"). The
+      warmup is LEGW's (the baseline's warmup steps, a ramp from 0), and the
+      run stops when it has covered the baseline's steps, so it chooses its
+      own budget. With `noise_scale`, the rationale predicts that budget.
     * "legw" (default): peak LR × √k and warmup × k epochs, the same decay over
       the same epochs (You et al., "Large-Batch Training for LSTM and Beyond",
       SC'19). The warmup lasts as many steps as the baseline's.
@@ -60,7 +69,7 @@ def plan(
       (Goyal et al. 2017).
     * "sqrt": peak LR × √k, warmup epochs unchanged.
     * "none": only the batch size changes.
-  The whole LR curve keeps its shape: `end_lr` and `warmup_init_lr` scale
+  The whole LR curve keeps its shape: `end_value` and `init_value` scale
   with the peak.
 
   Optimizer promotion (on by default for "legw"): above `promote_above`,
@@ -92,6 +101,7 @@ def plan(
     momentum_scaling: apply Smith et al.'s momentum rule.
     noise_scale: a measured gradient noise scale B_noise, in examples.
     critical_batch_factor: warn above this multiple of B_noise.
+    gain_rule: "adaptive" only: "linear" or "sqrt" (see above).
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -103,7 +113,7 @@ def plan(
   Example:
     >>> base = Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
     ...               learning_rate=2**2.5, optimizer="lars", warmup_epochs=0.3125,
-    ...               decay="polynomial", end_lr=1e-4)
+    ...               decay="polynomial", end_value=1e-4)
     >>> big = plan(base, 32768)
     >>> round(big.learning_rate, 3), big.warmup_epochs
     (32.0, 10.0)
@@ -119,6 +129,9 @@ def plan(
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
   if promote is None:
     promote = strategy == "legw"
+  if strategy == "adaptive":
+    return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
+                          critical_batch_factor)
 
   k = batch_size / baseline.batch_size
   rule = _LR_RULES[strategy]
@@ -142,9 +155,9 @@ def plan(
     why["learning_rate"] = _RULE_TEXT[rule](baseline.batch_size, batch_size)
   changes["learning_rate"] = peak
   curve = peak / baseline.learning_rate  # the rest of the LR curve keeps its shape
-  changes["end_lr"] = baseline.end_lr * curve
-  changes["warmup_init_lr"] = baseline.warmup_init_lr * curve
-  why["end_lr"] = why["warmup_init_lr"] = f"scaled with the peak (× {curve:.4g})"
+  changes["end_value"] = baseline.end_value * curve
+  changes["init_value"] = baseline.init_value * curve
+  why["end_value"] = why["init_value"] = f"scaled with the peak (× {curve:.4g})"
 
   changes.update(_planned_warmup(baseline, batch_size, strategy, why))
   if momentum_scaling and family in MOMENTUM_OPTIMIZERS:
@@ -159,6 +172,59 @@ def plan(
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy "
                      f"{strategy!r} from batch {baseline.batch_size})") from e
+
+
+def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
+                   noise_scale: float | None, critical_batch_factor: float) -> Recipe:
+  """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
+  check_choice("gain_rule", gain_rule, GAIN_RULES)
+  check_range("batch_size", batch_size, low=baseline.batch_size)
+  k = batch_size / baseline.batch_size
+  rule = "r_t" if gain_rule == "linear" else "√r_t"
+  base_steps, warmup = baseline.total_steps, baseline.warmup_steps
+  why = {
+      "batch_size": f"target batch: k = {k:g} × baseline",
+      "base_batch_size": "the baseline's: the schedule counts baseline steps",
+      "learning_rate": (f"the baseline's peak × {rule}, the gain measured each step "
+                        f"(AdaScale, Johnson et al. 2020), 1 ≤ r_t ≤ {k:g}"),
+      "gain_rule": f"lr × {rule}",
+      "warmup_epochs": (f"LEGW: the baseline's {warmup} steps, now at batch {batch_size}, "
+                        f"a ramp from 0"),
+      "num_epochs": (f"budget: stop when the progress Σ r_t reaches the baseline's "
+                     f"{base_steps} steps (at most {base_steps} steps, "
+                     f"at least {-(-base_steps // int(k))})"),
+  }
+  if noise_scale is not None:
+    why["expected efficiency"] = _efficiency_note(
+        noise_scale, baseline.batch_size, batch_size, critical_batch_factor)
+    steps = predicted_steps(noise_scale, baseline.batch_size, batch_size, base_steps, warmup)
+    why["predicted steps"] = (f"{steps} for B_noise = {float(noise_scale):,.0f} "
+                              f"(McCandlish et al. 2018: steps ∝ 1 + B_noise/B)")
+  try:
+    return baseline.replace(batch_size=batch_size, base_batch_size=baseline.batch_size,
+                            gain_rule=gain_rule, rationale=why)
+  except ValueError as e:
+    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
+                     f"from batch {baseline.batch_size})") from e
+
+
+def plan_predicted_steps(recipe: Recipe, noise_scale: float | None) -> int | None:
+  """The steps `recipe` will take: its own for a static recipe, the law's when adaptive.
+
+  None for an adaptive recipe without a `noise_scale` to predict from.
+
+  Example:
+    >>> base = Recipe(batch_size=32, num_examples=8000, num_epochs=30,
+    ...               learning_rate=2e-3, optimizer="adam", warmup_epochs=0.25)
+    >>> plan_predicted_steps(plan(base, 512, "adaptive"), noise_scale=500.0)
+    923
+  """
+  if not recipe.adaptive:
+    return recipe.total_steps
+  if noise_scale is None:
+    return None
+  return predicted_steps(noise_scale, recipe.base_batch_size, recipe.batch_size,
+                         recipe.total_steps, recipe.warmup_steps)
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak
@@ -195,9 +261,9 @@ def _planned_warmup(baseline: Recipe, batch_size: int, strategy: str,
     return {"warmup_epochs": epochs}
   if strategy == "linear":
     why["warmup_epochs"] = "Goyal et al. 2017: 5-epoch gradual warmup"
-    why["warmup_init_lr"] = "Goyal et al. 2017: warmup starts at the baseline LR"
+    why["init_value"] = "Goyal et al. 2017: warmup starts at the baseline LR"
     return {"warmup_epochs": schedules.GOYAL_WARMUP_EPOCHS,
-            "warmup_init_lr": baseline.learning_rate}
+            "init_value": baseline.learning_rate}
   return {}
 
 

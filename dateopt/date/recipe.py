@@ -25,15 +25,17 @@ _OPTIMIZER_FIELDS = {
     "lamb": ("b1", "b2", "eps"),
 }
 _DECAY_FIELDS = {
-    "polynomial": ("decay_power", "end_lr"),
-    "cosine": ("end_lr",),
-    "exponential": ("decay_rate", "decay_every_epochs", "end_lr"),
+    "polynomial": ("power", "end_value"),
+    "cosine": ("end_value",),
+    "exponential": ("decay_rate", "decay_every_epochs", "end_value"),
     "multistep": ("decay_epochs", "decay_rate"),
     "constant": (),
 }
+GAIN_RULES = ("linear", "sqrt")
+_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
-                "warmup_init_lr", "decay", "grad_clip_norm", "label_smoothing",
+                "init_value", "decay", "grad_clip_norm", "label_smoothing",
                 "drop_remainder", "optimizer_options")
 
 
@@ -55,6 +57,8 @@ def _normalise(name: str, value: Any, kind: str) -> Any:
     return float(value)
   if kind == "optional_float":
     return None if value is None else _normalise(name, value, "float")
+  if kind == "optional_int":
+    return None if value is None else _normalise(name, value, "int")
   if kind == "str":
     check_type(name, value, str, "a string")
     return value
@@ -103,10 +107,10 @@ class Recipe:
       "all", "kernels") or a regex searched in the '/'-joined parameter path
       (e.g. "/kernel$").
     warmup_epochs: length of the linear warmup in epochs; < num_epochs.
-    warmup_init_lr: learning rate at step 0.
+    init_value: learning rate at step 0.
     decay: "polynomial", "cosine", "exponential", "multistep" or "constant".
-    decay_power: polynomial power.
-    end_lr: polynomial/cosine end LR, exponential floor.
+    power: polynomial power.
+    end_value: polynomial/cosine end LR, exponential floor.
     decay_epochs: multistep milestones in absolute epochs.
     decay_rate: multistep factor, or exponential rate per decay_every_epochs.
     decay_every_epochs: exponential decay period in epochs.
@@ -116,13 +120,21 @@ class Recipe:
       it as a smaller step (False).
     optimizer_options: extra keyword arguments of the optimizer factory
       (e.g. {"mode": "optax"} for lars, {"trust_bounds": (0, 10)} for lamb).
+    base_batch_size: DATE's adaptive mode (`plan(..., strategy="adaptive")`):
+      the baseline's batch size B0. The LR schedule then counts baseline
+      steps (warmup, decay and epochs are the baseline's), and the
+      optimizer walks it at the measured gain r_t per step
+      (`dateopt.date.adaptive`). None: a static recipe, whose schedule counts
+      its own steps.
+    gain_rule: adaptive mode only: the LR is the baseline's × r_t ("linear")
+      or × √r_t ("sqrt").
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
 
   Example:
     >>> r = Recipe(batch_size=1024, num_examples=1_281_167, num_epochs=90,
     ...            learning_rate=2**2.5, optimizer="lars", warmup_epochs=0.3125,
-    ...            decay="polynomial", end_lr=1e-4, weight_decay=1e-4)
+    ...            decay="polynomial", end_value=1e-4, weight_decay=1e-4)
     >>> r.steps_per_epoch, r.warmup_steps, r.total_steps
     (1251, 391, 112590)
   """
@@ -140,10 +152,10 @@ class Recipe:
   weight_decay: float = _spec(0.0, kind="float", low=0.0)
   mask: str = _spec("exclude_bias_and_norm", kind="str")
   warmup_epochs: float = _spec(0.0, kind="float", low=0.0)
-  warmup_init_lr: float = _spec(0.0, kind="float", low=0.0)
+  init_value: float = _spec(0.0, kind="float", low=0.0)
   decay: str = _spec("cosine", kind="str", choices=schedules.DECAYS)
-  decay_power: float = _spec(2.0, kind="float", low=0.0, low_inclusive=False)
-  end_lr: float = _spec(0.0, kind="float", low=0.0)
+  power: float = _spec(2.0, kind="float", low=0.0, low_inclusive=False)
+  end_value: float = _spec(0.0, kind="float", low=0.0)
   decay_epochs: tuple[float, ...] = _spec(
       schedules.GOYAL_DECAY_EPOCHS, kind="float_tuple")
   decay_rate: float = _spec(0.1, kind="float", low=0.0, high=1.0,
@@ -155,6 +167,8 @@ class Recipe:
                                  high_inclusive=False)
   drop_remainder: bool = _spec(True, kind="bool")
   optimizer_options: Mapping[str, Any] = _spec(kind="mapping")
+  base_batch_size: int | None = _spec(None, kind="optional_int", low=1)
+  gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
   def __post_init__(self):
@@ -179,6 +193,8 @@ class Recipe:
                     high=self.num_epochs)
       if list(self.decay_epochs) != sorted(self.decay_epochs):
         raise ValueError(f"decay_epochs must be increasing; got {self.decay_epochs}.")
+    if self.adaptive:
+      check_range("base_batch_size", self.base_batch_size, low=1, high=self.batch_size)
     masks.from_name(self.mask)  # a known name, else a regex that must compile
     for key, value in self.rationale.items():
       check_type(f"rationale[{key!r}]", value, str, "a string")
@@ -194,9 +210,19 @@ class Recipe:
 
   # ---- steps, through the one epochs→steps converter -------------------
 
+  @property
+  def adaptive(self) -> bool:
+    """Whether this is a DATE adaptive recipe (its schedule counts baseline steps)."""
+    return self.base_batch_size is not None
+
+  @property
+  def schedule_batch_size(self) -> int:
+    """The batch size whose steps the LR schedule counts (B0 when adaptive)."""
+    return self.base_batch_size if self.adaptive else self.batch_size
+
   def epochs_to_steps(self, epochs: float) -> int:
-    """`schedules.epochs_to_steps` with this recipe's data size, batch and policy."""
-    return schedules.epochs_to_steps(epochs, self.num_examples, self.batch_size,
+    """`schedules.epochs_to_steps` at `schedule_batch_size`, with this recipe's policy."""
+    return schedules.epochs_to_steps(epochs, self.num_examples, self.schedule_batch_size,
                                      self.drop_remainder)
 
   @property
@@ -207,18 +233,33 @@ class Recipe:
 
   @property
   def total_steps(self) -> int:
-    """Optimizer steps in the whole run."""
+    """Schedule steps in the whole run.
+
+    Static: the run's optimizer steps. Adaptive: the baseline's steps T0, the
+    progress budget, which is also the most steps the run can take (gain ≥ 1).
+    """
     return self.epochs_to_steps(self.num_epochs)
 
   @property
+  def max_steps(self) -> int:
+    """The most optimizer steps the run can take.
+
+    Static: `total_steps`. Adaptive: T0 plus the warmup, since each step
+    covers at least one baseline step (gain ≥ 1) once the ramp is over.
+    """
+    return self.total_steps + (self.warmup_steps if self.adaptive else 0)
+
+  @property
   def warmup_steps(self) -> int:
-    """Optimizer steps of linear warmup."""
+    """Steps of linear warmup (the same at the large batch in adaptive mode: LEGW)."""
     return self.epochs_to_steps(self.warmup_epochs)
 
   def used_fields(self) -> tuple[str, ...]:
     """Names of the fields this recipe's optimizer family and decay read."""
     used = set(_ALWAYS_USED) | set(_OPTIMIZER_FIELDS[self.optimizer])
     used |= set(_DECAY_FIELDS[self.decay])
+    if self.adaptive:
+      used |= set(_ADAPTIVE_FIELDS)
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
 
   # ---- serialisation ----------------------------------------------------

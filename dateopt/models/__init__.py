@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -66,18 +65,6 @@ MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 _COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
-def model_kwargs(name: str) -> tuple[str, ...]:
-  """The keyword arguments `create_model(name, ...)` accepts besides num_classes and dtype.
-
-  Example:
-    >>> model_kwargs("lstm_classifier")
-    ('hidden_size', 'num_layers')
-  """
-  check_choice("model name", name, MODEL_NAMES)
-  params = inspect.signature(_BUILDERS[name]).parameters
-  return tuple(p for p in params if p not in ("num_classes", "dtype"))
-
-
 def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.float32,
                  **kwargs: Any) -> nn.Module:
   """Builds a reference model by name.
@@ -101,14 +88,18 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     num_classes: classifier outputs (the vocabulary size for "lstm_lm").
     dtype: compute dtype: float32, bfloat16 or float16 (or their names).
       Parameters and batch-norm statistics stay float32.
-    **kwargs: model-specific fields, listed above and by `model_kwargs(name)`.
+    **kwargs: model-specific fields, listed above; passed straight to the
+      model's builder.
 
   Returns:
     A `flax.linen.Module`.
 
   Raises:
-    ValueError: unknown name (the message lists the allowed ones), unknown
-      keyword argument or bad value (the message names the field).
+    ValueError: unknown name (the message lists the allowed ones) or bad
+      value (the message names the field).
+    TypeError: a keyword argument the model does not take, named in the
+      message: "create_model('resnet50') got an unexpected keyword argument
+      'foo'".
 
   Example:
     >>> model = create_model("resnet50", num_classes=1000, dtype=jnp.bfloat16,
@@ -116,12 +107,19 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     >>> lm = create_model("lstm_lm", preset="ptb_small", vocab_size=10_000)
   """
   check_choice("model name", name, MODEL_NAMES)
-  allowed = model_kwargs(name)
-  for key in kwargs:
-    if key not in allowed:
-      raise ValueError(f"create_model({name!r}) got an unknown argument {key!r}; "
-                       f"allowed: num_classes, dtype, {', '.join(allowed)}.")
-  return _BUILDERS[name](num_classes=num_classes, dtype=_compute_dtype(dtype), **kwargs)
+  build, dtype = _BUILDERS[name], _compute_dtype(dtype)
+  try:
+    return build(num_classes=num_classes, dtype=dtype, **kwargs)
+  except TypeError as error:
+    if error.__traceback__.tb_next is not None:  # raised inside the builder: not ours
+      raise
+    raise _call_error(f"create_model({name!r})", error) from error
+
+
+def _call_error(call: str, error: TypeError) -> TypeError:
+  """Python's own argument-binding message, with `call` in place of the builder's name."""
+  _, found, rest = str(error).partition("() ")
+  return TypeError(f"{call} {rest}" if found else f"{call}: {error}")
 
 
 def _compute_dtype(dtype: Any) -> jnp.dtype:
@@ -150,6 +148,5 @@ __all__ = [
     "make_lstm_classifier",
     "make_lstm_lm",
     "make_resnet",
-    "model_kwargs",
     "symmetric_uniform",
 ]

@@ -39,11 +39,12 @@ def default_config() -> ml_collections.ConfigDict:
   # DATE: the tuned baseline recipe (a `dateopt.date.Recipe` dict) and the target batch.
   c.baseline = ml_collections.ConfigDict()
   c.batch_size = None  # None: train the baseline as it is.
-  c.strategy = "legw"
-  c.plan = ml_collections.ConfigDict()  # keyword arguments of `date.plan`.
+  c.strategy = "legw"  # a `date.STRATEGIES` name; "adaptive" is DATE's dynamic mode.
+  c.plan = ml_collections.ConfigDict()  # keyword arguments of `date.plan` (gain_rule, noise_scale, ...).
   # In-training DATE statistics and the divergence guard.
   c.statistics = True
   c.grad_groups = 8  # gradient groups for the noise scale (0: off); fixed, not per device.
+  c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
   # Loop.

@@ -5,10 +5,14 @@ Only process 0 writes; every other process gets no-op writers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
-from typing import Any, Mapping
+import time
+from typing import Any, Iterator, Mapping
+
+import jax
 
 import numpy as np
 
@@ -74,3 +78,57 @@ class ProgressBar:
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
+
+
+class StepClock:
+  """Step time and examples/s between log steps, with eval and checkpoint time left out.
+
+  Call `count_step()` after each dispatched step and `lap()` right after a
+  blocking fetch of a step's outputs (the metrics of a log step): the time
+  since the previous lap, less the `paused()` time, over the steps counted.
+  The first lap only starts the clock, so compilation is never counted.
+
+  Example:
+    >>> clock = StepClock(batch_size=512)
+    >>> clock.lap()          # first log step: starts the clock
+    {}
+    >>> clock.count_step(); sorted(clock.lap())
+    ['examples_per_second', 'step_seconds']
+  """
+
+  def __init__(self, batch_size: int):
+    self._batch_size = batch_size
+    self._start: float | None = None
+    self._steps = 0
+    self._paused = 0.0
+    self._total_steps = 0
+    self._total_seconds = 0.0
+
+  def count_step(self) -> None:
+    self._steps += 1
+
+  def lap(self) -> dict[str, float]:
+    now = time.perf_counter()
+    out = {}
+    if self._start is not None and self._steps:
+      seconds = now - self._start - self._paused
+      out = {"step_seconds": seconds / self._steps,
+             "examples_per_second": self._batch_size * self._steps / seconds}
+      self._total_steps += self._steps
+      self._total_seconds += seconds
+    self._start, self._steps, self._paused = time.perf_counter(), 0, 0.0
+    return out
+
+  @contextlib.contextmanager
+  def paused(self, *wait_for: Any) -> Iterator[None]:
+    """Leaves the block's time out; first waits for `wait_for` (the steps it uses)."""
+    jax.block_until_ready(wait_for)
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self._paused += time.perf_counter() - start
+
+  def steps_per_second(self) -> float:
+    """Over every lap so far (NaN before two log steps)."""
+    return self._total_steps / self._total_seconds if self._total_seconds > 0 else math.nan

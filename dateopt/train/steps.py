@@ -2,14 +2,13 @@
 
 Example:
   >>> state = create_train_state(model, tx, example_inputs, seed=0)
-  >>> step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-  ...                          num_classes=10, seed=0)
+  >>> step = functools.partial(train_step, model=model, tx=tx, num_classes=10, seed=0)
   >>> state, metrics = jax.jit(step)(state, batch)
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import flax
 import jax
@@ -78,80 +77,125 @@ def _loss_fn(model, num_classes, label_smoothing):
   return loss_fn
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array],
-               record_statistics: jax.Array | None = None, *, model,
-               tx: optax.GradientTransformation, schedule: Callable[[Any], Any],
-               num_classes: int, seed: int, label_smoothing: float = 0.0,
-               grad_groups: int = 0) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer step on a global batch; returns the new state and metrics.
+def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
+               measure: jax.Array | None):
+  """(loss, aux), grads, and the noise scale's squared norms (None when not measured).
 
   With `grad_groups > 1` the gradient is taken per group of the batch
-  (`date.grouped_value_and_grad`) so the optimizer gets the squared gradient
-  norms at group and full batch size: the gradient noise scale of DATE. The
-  loss goes to the optimizer as `value=` (for `date.divergence_guard`).
-  `record_statistics` (a bool array, for a `date.track_statistics` optimizer)
-  says whether this step computes the DATE statistics; None: every step.
+  (`date.grouped_value_and_grad`), which gives the squared norms at group and
+  full batch size. `measure` (a traced bool) takes that path only on the
+  steps that measure, and the plain gradient with `date.no_measurement` on
+  the others: one compiled program, the grouping's cost paid 1 step in N.
   """
+  plain_fn = jax.value_and_grad(loss_fn, has_aux=True)
+  if grad_groups <= 1:
+    return (*plain_fn(params, batch, batch_stats), None)
+  grouped_fn = date.grouped_value_and_grad(loss_fn, grad_groups, has_aux=True)
+  grouped = lambda: grouped_fn(params, batch, batch_stats)
+  if measure is None:
+    return grouped()
+  batch_size = batch["labels"].shape[0]
+  plain = lambda: (*plain_fn(params, batch, batch_stats),
+                   date.no_measurement(batch_size // grad_groups, batch_size))
+  return jax.lax.cond(measure, grouped, plain)
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array],
+               record_statistics: jax.Array | None = None,
+               measure_noise: jax.Array | None = None, *, model,
+               tx: optax.GradientTransformation, num_classes: int, seed: int,
+               label_smoothing: float = 0.0, grad_groups: int = 0,
+               recipe: date.Recipe | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer step on a global batch; returns the new state and metrics.
+
+  With `grad_groups > 1` the optimizer gets the squared gradient norms at
+  group and full batch size as `grad_sq_norms=` (the gradient noise scale of
+  `date.adaptive` / `date.measure_noise_scale`), on the steps where
+  `measure_noise` is true (None: every step). The loss goes to the
+  optimizer as `value=` (for `date.divergence_guard`). `record_statistics`
+  (a bool array, for a `date.track_statistics` optimizer) says whether this
+  step computes the DATE statistics; None: every step. For an adaptive
+  `recipe`, a step taken after the progress has covered the baseline's steps
+  changes nothing (the trainer stops at its next check).
+  """
+  run = lambda: _train_step(state, batch, record_statistics, measure_noise, model=model,
+                            tx=tx, num_classes=num_classes, seed=seed,
+                            label_smoothing=label_smoothing, grad_groups=grad_groups,
+                            recipe=recipe)
+  if recipe is None or not recipe.adaptive:
+    return run()
+  metrics_shape = jax.eval_shape(run)[1]
+
+  def idle():  # NaN metrics, but the progress that tells the trainer to stop
+    metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), metrics_shape)
+    return state, dict(metrics, **{"date/progress": optax.tree.get(state.opt_state, "progress")})
+
+  return jax.lax.cond(date.progress_done(state.opt_state, recipe.total_steps), idle, run)
+
+
+def _train_step(state, batch, record_statistics, measure_noise, *, model, tx, num_classes,
+                seed, label_smoothing, grad_groups, recipe):
   batch_size = batch["labels"].shape[0]
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
   num_keys = max(grad_groups, 1)  # one key per gradient group, repeated over its rows
   batch = dict(batch, rng=jnp.repeat(jax.random.split(step_key, num_keys),
                                      batch_size // num_keys))
   loss_fn = _loss_fn(model, num_classes, label_smoothing)
+  (loss, (batch_stats, accuracy)), grads, sq_norms = _gradients(
+      loss_fn, state.params, batch, state.batch_stats, grad_groups, measure_noise)
   extra = {}
-  if grad_groups > 1:
-    grad_fn = date.grouped_value_and_grad(loss_fn, grad_groups, has_aux=True)
-    (loss, (batch_stats, accuracy)), grads, sq_norms = grad_fn(
-        state.params, batch, state.batch_stats)
+  if sq_norms is not None:
     extra["grad_sq_norms"] = sq_norms
-  else:
-    (loss, (batch_stats, accuracy)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch, state.batch_stats)
   if record_statistics is not None:
     extra["record"] = record_statistics
   updates, opt_state = tx.update(grads, state.opt_state, state.params, value=loss, **extra)
   params = optax.apply_updates(state.params, updates)
-  metrics = {"loss": loss, "accuracy": accuracy,
-             "learning_rate": applied_learning_rate(schedule, state.opt_state, state.step)}
-  metrics.update(optimizer_metrics(opt_state))
+  metrics = {"loss": loss, "accuracy": accuracy}
+  learning_rate = applied_learning_rate(state.opt_state, opt_state)
+  if learning_rate is not None:
+    metrics["learning_rate"] = learning_rate
+  metrics.update(optimizer_metrics(opt_state, recipe))
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
                             opt_state=opt_state)
   return new_state, metrics
 
 
-def applied_learning_rate(schedule: Callable[[Any], Any], opt_state: Any,
-                          step: jax.Array) -> jax.Array:
-  """The LR the step about to run applies (before its own guard decision).
+def applied_learning_rate(old_opt_state: Any, new_opt_state: Any) -> jax.Array | None:
+  """The LR the step applied: its `learning_rate` hyper-parameter × the guard's multiplier.
 
-  Without a divergence guard: `schedule(step)`. With one, the inner optimizer
-  advances on accepted steps only, so its schedule stands at the number of
-  accepted steps, and the guard scales it by its current multiplier.
+  `date.build` makes optimizers whose LR is an injected hyper-parameter
+  (`optax.inject_hyperparams`, or set by `date.adaptive`), so the new state
+  holds the one this step used. A divergence guard scales it by the
+  multiplier it held before the step, and a step it skipped applied 0.
+  None for an optimizer whose state holds no `learning_rate`.
   """
-  guard = _find_guard(opt_state)
-  if guard is None:
-    return schedule(step)
-  return schedule(guard.num_accepted) * guard.lr_multiplier
+  # The hyper-parameter's value (an array), not its schedule's state of the same name.
+  lr = optax.tree.get(new_opt_state, "learning_rate", filtering=lambda _, v: hasattr(v, "dtype"))
+  if lr is None:
+    return None
+  old_guard = optax.tree.get(old_opt_state, date.DivergenceGuardState.__name__)
+  if old_guard is None:
+    return lr
+  new_guard = optax.tree.get(new_opt_state, date.DivergenceGuardState.__name__)
+  skipped = new_guard.num_skipped > old_guard.num_skipped
+  return jnp.where(skipped, 0.0, lr * old_guard.lr_multiplier)
 
 
-def optimizer_metrics(opt_state: Any) -> dict[str, jax.Array]:
-  """DATE statistics and guard counters found in the optimizer state, flat."""
-  out = {}
-  try:
-    out.update({f"date/{k}": v for k, v in date.statistics(opt_state).items()})
-  except ValueError:
-    pass  # the optimizer is not wrapped in track_statistics.
-  guard = _find_guard(opt_state)
+def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None
+                      ) -> dict[str, jax.Array]:
+  """DATE statistics, noise scale, adaptive progress and guard counters, flat."""
+  out = {f"date/{k}": v for k, v in date.statistics(opt_state).items()}
+  adaptive = optax.tree.get(opt_state, date.AdaptiveState.__name__)
+  if adaptive is not None:
+    out["date/progress"] = adaptive.progress
+    if recipe is not None:
+      out["date/gain"] = date.gain_from_estimates(adaptive.noise, recipe.base_batch_size,
+                                                  recipe.batch_size)
+  guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
   if guard is not None:
     out["guard/lr_multiplier"] = guard.lr_multiplier
     out["guard/num_skipped"] = guard.num_skipped
   return out
-
-
-def _find_guard(opt_state: Any) -> date.DivergenceGuardState | None:
-  """The first divergence guard's state in `opt_state`, or None."""
-  is_guard = lambda x: isinstance(x, date.DivergenceGuardState)
-  found = [s for s in jax.tree.leaves(opt_state, is_leaf=is_guard) if is_guard(s)]
-  return found[0] if found else None
 
 
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model,

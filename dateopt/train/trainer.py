@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -39,7 +40,7 @@ from dateopt import models
 from dateopt.train import config as config_lib
 from dateopt.train import parallel
 from dateopt.train.checkpoint import Checkpointer
-from dateopt.train.metrics import MetricWriter, ProgressBar
+from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
 from dateopt.train.polish import polish_batch_stats
 from dateopt.train.steps import TrainState, create_train_state, eval_step, train_step
 
@@ -54,6 +55,8 @@ class TrainResult:
   eval_metrics: dict[str, float]
   train_metrics: dict[str, float]
   steps_per_second: float
+  steps: int = 0
+  predicted_steps: int | None = None
 
 
 @dataclasses.dataclass
@@ -76,8 +79,13 @@ def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> No
 
 
 def gradient_groups(config: ml_collections.ConfigDict) -> int:
-  """Groups the gradient is taken over for the noise scale (0: a plain gradient)."""
-  return config.grad_groups if config.statistics and config.grad_groups > 1 else 0
+  """Groups the gradient is taken over for the noise scale (0: a plain gradient).
+
+  The adaptive strategy needs the noise scale; otherwise it is measured only
+  with the statistics on.
+  """
+  wanted = config.statistics or config.strategy == "adaptive"
+  return config.grad_groups if wanted and config.grad_groups > 1 else 0
 
 
 def _check_groups_keep_batch_norm(config: ml_collections.ConfigDict, group_size: int) -> None:
@@ -110,6 +118,15 @@ def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
   return baseline, planned
 
 
+@contextlib.contextmanager
+def _config_field(field: str):
+  """A registry's TypeError for an unknown keyword, re-raised naming the config field."""
+  try:
+    yield
+  except TypeError as error:
+    raise ValueError(f"{field}: {error}") from error
+
+
 def build_experiment(config: ml_collections.ConfigDict,
                      devices: Sequence[jax.Device] | None = None) -> Experiment:
   """Validates the config and builds data, model, recipes and mesh (no compilation).
@@ -120,11 +137,13 @@ def build_experiment(config: ml_collections.ConfigDict,
     FileNotFoundError: the dataset's files are missing.
   """
   config_lib.check_known_keys(config)
-  dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
-                                 **config_lib.to_dict(config.dataset_kwargs))
-  model = models.create_model(config.model, num_classes=dataset.num_classes,
-                              dtype=config.compute_dtype,
-                              **config_lib.to_dict(config.model_kwargs))
+  with _config_field("config.dataset_kwargs"):
+    dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
+                                   **config_lib.to_dict(config.dataset_kwargs))
+  with _config_field("config.model_kwargs"):
+    model = models.create_model(config.model, num_classes=dataset.num_classes,
+                                dtype=config.compute_dtype,
+                                **config_lib.to_dict(config.model_kwargs))
   baseline, recipe = plan_recipe(config, dataset.num_train_examples)
   mesh = parallel.make_mesh(devices)
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
@@ -133,19 +152,26 @@ def build_experiment(config: ml_collections.ConfigDict,
   if not recipe.drop_remainder:
     raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
                      "its data pipeline drops the last partial batch of each epoch.")
+  if recipe.adaptive and gradient_groups(config) < 2:
+    raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
+                     f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
+  if config.measure_every_steps < 1:
+    raise ValueError(f"config.measure_every_steps must be >= 1; got {config.measure_every_steps}.")
   if gradient_groups(config) > 1:
     _check_divisible(batch_field, recipe.batch_size, config.grad_groups, "config.grad_groups")
     _check_groups_keep_batch_norm(config, recipe.batch_size // config.grad_groups)
   eval_batch_size = int(config.eval_batch_size or recipe.batch_size)
   eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
   _check_divisible(eval_field, eval_batch_size, mesh.size, "the device count")
-  num_steps = recipe.total_steps if config.num_train_steps < 0 else int(config.num_train_steps)
+  num_steps = recipe.max_steps if config.num_train_steps < 0 else int(config.num_train_steps)
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size)
 
 
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe):
-  """DATE's optimizer for the recipe, with statistics and the guard as configured."""
+  """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured."""
   tx, schedule = date.build(recipe)
+  if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
+    tx = date.measure_noise_scale(tx)
   if config.guard:
     try:
       tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
@@ -227,10 +253,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
   start_step = int(parallel.to_host(state.step))
 
   step_fn = jax.jit(
-      functools.partial(train_step, model=exp.model, tx=tx, schedule=schedule,
+      functools.partial(train_step, model=exp.model, tx=tx,
                         num_classes=exp.dataset.num_classes, seed=config.seed,
                         label_smoothing=exp.recipe.label_smoothing,
-                        grad_groups=gradient_groups(config)),
+                        grad_groups=gradient_groups(config), recipe=exp.recipe),
       out_shardings=(replicated, replicated), donate_argnums=0)
   eval_fn = jax.jit(functools.partial(eval_step, model=exp.model,
                                       num_classes=exp.dataset.num_classes),
@@ -247,41 +273,61 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                                        start_step=start_step,
                                        process_index=jax.process_index(),
                                        process_count=jax.process_count())
-  train_metrics, eval_metrics = {}, {}
-  started, timed_steps, side_seconds = None, 0, 0.0
+  measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
+  clock = StepClock(exp.recipe.batch_size)
+  train_metrics, eval_metrics, evaluated_at = {}, {}, None
+  step = start_step
   for step in range(start_step + 1, last + 1):
     logs_now = _every(step, config.log_every_steps, last)
     record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
-    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record)
-    if started is None:  # time from the second step: the first one compiles.
-      jax.block_until_ready(state.step)
-      started = time.perf_counter()
-    else:
-      timed_steps += 1
-    side_start = time.perf_counter()  # eval, checkpoints and logs are not step time
+    measure = np.bool_(step % config.measure_every_steps == 0) if measures else None
+    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record,
+                             measure)
+    clock.count_step()
+    done = False
     if logs_now:
-      train_metrics = parallel.to_host(metrics)
-      writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
-      progress.update(0, loss=train_metrics["loss"], lr=train_metrics["learning_rate"])
+      train_metrics = parallel.to_host(metrics)  # waits for the step: the clock reads true time
+      train_metrics.update(clock.lap())
+      idle = False
+      if exp.recipe.adaptive and train_metrics["date/progress"] >= exp.recipe.total_steps:
+        # Covered the baseline's steps at this step, or before it (the steps since are idle).
+        done, taken = True, int(parallel.to_host(state.step))
+        idle, step = taken != step, taken
+      with clock.paused():
+        if not idle:
+          writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+        progress.update(0, loss=train_metrics["loss"],
+                        lr=train_metrics.get("learning_rate", 0.0))
     progress.update(1)
-    if _every(step, eval_every, last):
-      eval_metrics = evaluate(exp, state, eval_fn)
-      writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
-    if checkpointer is not None and _every(step, config.checkpoint_every_steps, last):
-      checkpointer.save(step, state)
-    side_seconds += time.perf_counter() - side_start
+    evaluates = done or _every(step, eval_every, last)
+    saves = checkpointer is not None and (done or _every(step, config.checkpoint_every_steps, last))
+    if evaluates or saves:
+      with clock.paused(state):  # eval and checkpoints are not step time
+        if evaluates:
+          eval_metrics, evaluated_at = evaluate(exp, state, eval_fn), step
+          writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+        if saves:
+          checkpointer.save(step, state)
+    if done:  # the adaptive run has covered the baseline's steps
+      break
   jax.block_until_ready(state)
-  elapsed = time.perf_counter() - started - side_seconds if started else 0.0
   progress.close()
+  steps_taken = int(parallel.to_host(state.step))
+  if evaluated_at is None or steps_taken > evaluated_at:
+    eval_metrics = evaluate(exp, state, eval_fn)
+    writer.write(steps_taken, {f"eval/{k}": v for k, v in eval_metrics.items()})
 
   if config.polish_batches > 0 and state.batch_stats:
     state = polish_batch_stats(state, exp, config.polish_batches)
     eval_metrics = {f"polished_{k}": v for k, v in evaluate(exp, state, eval_fn).items()} | eval_metrics
-    writer.write(last, {f"eval/{k}": v for k, v in eval_metrics.items()})
+    writer.write(steps_taken, {f"eval/{k}": v for k, v in eval_metrics.items()})
+  predicted = date.plan_predicted_steps(exp.recipe, config_lib.to_dict(config.plan).get("noise_scale"))
+  summary = {"steps": steps_taken, "examples": steps_taken * exp.recipe.batch_size,
+             "predicted_steps": predicted if predicted is not None else float("nan"),
+             "steps_per_second": clock.steps_per_second()}
+  writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
   if checkpointer is not None:
     checkpointer.close()
   writer.close()
-  if not eval_metrics and last > start_step - 1:
-    eval_metrics = evaluate(exp, state, eval_fn)
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(state), eval_metrics,
-                     train_metrics, timed_steps / elapsed if elapsed > 0 else float("nan"))
+                     train_metrics, clock.steps_per_second(), steps_taken, predicted)

@@ -1,0 +1,350 @@
+"""The gradient noise scale, AdaScale's gain, and the step count they predict.
+
+McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training"): with
+|G_s|² the squared norm of a gradient over B_small examples and |G_b|² that
+over B_big examples, E|G_B|² = |G|² + tr(Σ)/B (Σ: per-example gradient
+covariance), so
+
+    |G|²   ≈ (B_big·|G_b|² − B_small·|G_s|²) / (B_big − B_small)
+    tr(Σ)  ≈ (|G_s|² − |G_b|²) / (1/B_small − 1/B_big)
+    B_noise = tr(Σ)/|G|²
+
+Both estimates are noisy: their EMAs are kept separately and B_noise is the
+ratio of the EMAs. AdaScale (Johnson et al. 2020) turns them into the gain of
+a batch k times the baseline's, r = (1 + B_noise/B0)/(1 + B_noise/B): how
+many baseline steps one large-batch step is worth (REFERENCE.md §6).
+
+This module is the estimator only: `measure_noise_scale` keeps the EMAs in an
+optimizer state; `grouped_value_and_grad` and `cross_replica_sq_norms` produce
+the `GradientSqNorms` it takes. The planner uses the plain-number functions
+(`adascale_gain`, `predicted_steps`) without any optimizer machinery.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from dateopt import transforms
+from dateopt.validation import check_range
+
+# --------------------------------------------------------------------------
+# Measuring: squared gradient norms at two batch sizes.
+# --------------------------------------------------------------------------
+
+
+class GradientSqNorms(NamedTuple):
+  """Squared gradient norms at two batch sizes, the input of the noise scale.
+
+  Attributes:
+    small: |G_s|², the squared norm of a batch-`small_batch_size` gradient
+      (averaged over replicas or groups: each one's value is an estimate).
+    big: |G_b|², the squared norm of the batch-`big_batch_size` gradient.
+    small_batch_size: the per-replica (per-group) batch size.
+    big_batch_size: the global batch size.
+  """
+
+  small: jax.Array
+  big: jax.Array
+  small_batch_size: Any
+  big_batch_size: Any
+
+
+def tree_sq_norm(tree: Any) -> jax.Array:
+  """Σ of squared entries over every leaf, accumulated in float32."""
+  return sum((transforms.sum_of_squares(x) for x in jax.tree.leaves(tree)),
+             jnp.zeros((), jnp.float32))
+
+
+def cross_replica_sq_norms(
+    local_grads: Any, axis_name: Any, local_batch_size: int
+) -> tuple[Any, GradientSqNorms]:
+  """Averages per-replica gradients across `axis_name` and measures both norms.
+
+  For a data-parallel step under `jax.shard_map` or `jax.pmap`: the
+  per-replica squared norm costs one extra scalar `pmean` next to the gradient
+  all-reduce. Under `shard_map` with `check_vma=True`, gradients with respect
+  to replicated params come back already summed; take them with respect to
+  `jax.lax.pcast(params, axis_name, to="varying")` to get per-replica ones.
+
+  Args:
+    local_grads: this replica's gradient (mean over its `local_batch_size`
+      examples).
+    axis_name: the data-parallel mapped axis.
+    local_batch_size: examples per replica.
+
+  Returns:
+    `(grads, sq_norms)`: the cross-replica mean gradient, and the
+    `GradientSqNorms` for `measure_noise_scale` or `date.adaptive`.
+
+  Example:
+    >>> # inside a shard_map'd train step over axis "data":
+    >>> # grads, sq_norms = cross_replica_sq_norms(local_grads, "data", 32)
+  """
+  small = jax.lax.pmean(tree_sq_norm(local_grads), axis_name)
+  grads = jax.lax.pmean(local_grads, axis_name)
+  num_replicas = jax.lax.psum(1, axis_name)
+  return grads, GradientSqNorms(small, tree_sq_norm(grads), local_batch_size,
+                                local_batch_size * num_replicas)
+
+
+def grouped_value_and_grad(
+    loss_fn: Callable[..., Any], num_groups: int, *, has_aux: bool = False
+) -> Callable[..., tuple[Any, Any, GradientSqNorms]]:
+  """`jax.value_and_grad` over `num_groups` equal slices of the batch.
+
+  The `jax.jit` + `Mesh` counterpart of `cross_replica_sq_norms`: the batch
+  (leading axis) is split into groups, one gradient per group is taken with
+  `vmap`, and the mean gradient plus the squared norms at group and full batch
+  size come back. `loss_fn` must average over its batch; losses and aux are
+  averaged over groups.
+
+  Args:
+    loss_fn: `loss_fn(params, batch, *args) -> loss` (or `(loss, aux)`).
+    num_groups: how many slices; must divide the batch size.
+    has_aux: as in `jax.value_and_grad`.
+
+  Returns:
+    `fn(params, batch, *args) -> (value, grads, sq_norms)`.
+
+  Example:
+    >>> loss = lambda w, b: jnp.mean((b["x"] @ w - b["y"]) ** 2)
+    >>> batch = {"x": jnp.ones((8, 2)), "y": jnp.zeros(8)}
+    >>> value, grads, sq = grouped_value_and_grad(loss, 4)(jnp.ones(2), batch)
+    >>> float(value), sq.small_batch_size, sq.big_batch_size
+    (4.0, 2, 8)
+  """
+  check_range("num_groups", num_groups, low=2)
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
+
+  def fn(params, batch, *args):
+    batch_size = jax.tree.leaves(batch)[0].shape[0]
+    if batch_size % num_groups:
+      raise ValueError(
+          f"batch size {batch_size} must be divisible by num_groups={num_groups}.")
+    group_size = batch_size // num_groups
+    groups = jax.tree.map(
+        lambda x: x.reshape((num_groups, group_size) + x.shape[1:]), batch)
+    in_axes = (None, 0) + (None,) * len(args)
+    values, group_grads = jax.vmap(grad_fn, in_axes=in_axes)(params, groups, *args)
+    small = jnp.mean(jax.vmap(tree_sq_norm)(group_grads))
+    grads = jax.tree.map(lambda g: jnp.mean(g, axis=0), group_grads)
+    value = jax.tree.map(lambda v: jnp.mean(v, axis=0), values)
+    return value, grads, GradientSqNorms(small, tree_sq_norm(grads), group_size,
+                                         batch_size)
+
+  return fn
+
+
+def no_measurement(small_batch_size: int, big_batch_size: int) -> GradientSqNorms:
+  """A `GradientSqNorms` that carries nothing (NaN): the EMAs skip it.
+
+  A train step that measures only every N steps passes this on the others,
+  so the optimizer's call signature (and its compiled program) stays the same.
+  """
+  nan = jnp.full((), jnp.nan, jnp.float32)
+  return GradientSqNorms(nan, nan, small_batch_size, big_batch_size)
+
+
+# --------------------------------------------------------------------------
+# Estimating: unbiased estimates, their EMAs, and B_noise.
+# --------------------------------------------------------------------------
+
+
+def noise_estimates(sq_norms: GradientSqNorms) -> tuple[jax.Array, jax.Array]:
+  """Unbiased estimates (|G|², tr Σ) from squared norms at two batch sizes.
+
+  McCandlish et al. 2018, appendix A (REFERENCE.md §6).
+
+  Example:
+    >>> # |G|² = 2, tr Σ = 30: E|G_10|² = 2 + 3, E|G_80|² = 2 + 0.375
+    >>> [float(x) for x in noise_estimates(GradientSqNorms(5.0, 2.375, 10, 80))]
+    [2.0, 30.0]
+  """
+  b_small = jnp.asarray(sq_norms.small_batch_size, jnp.float32)
+  b_big = jnp.asarray(sq_norms.big_batch_size, jnp.float32)
+  small = jnp.asarray(sq_norms.small, jnp.float32)
+  big = jnp.asarray(sq_norms.big, jnp.float32)
+  grad_sq = (b_big * big - b_small * small) / (b_big - b_small)
+  trace = (small - big) / (1.0 / b_small - 1.0 / b_big)
+  return grad_sq, trace
+
+
+class NoiseScaleState(NamedTuple):
+  """EMAs (not bias-corrected) of the |G|² and tr Σ estimates, and their count."""
+
+  grad_sq_ema: jax.Array
+  trace_ema: jax.Array
+  count: jax.Array
+
+
+def init_noise_scale() -> NoiseScaleState:
+  """An empty noise-scale state (no measurement yet)."""
+  zero = jnp.zeros((), jnp.float32)
+  return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32))
+
+
+def update_noise_scale(
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99
+) -> NoiseScaleState:
+  """Folds one measurement into the EMAs; non-finite measurements are ignored.
+
+  Example:
+    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
+    >>> round(float(noise_scale(s)), 4)   # 30 / 2
+    15.0
+  """
+  grad_sq, trace = noise_estimates(sq_norms)
+  ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
+  ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
+  return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
+                         state.count + ok.astype(jnp.int32))
+
+
+def noise_scale(state: NoiseScaleState) -> jax.Array:
+  """B_noise = tr Σ / |G|² from the EMAs (NaN before the first measurement).
+
+  The EMAs' bias corrections are equal and cancel in the ratio. Late in
+  training |G|² is small and its unbiased estimate can average to <= 0: the
+  noise then dominates the signal, and the limit of the ratio, +inf, is
+  returned rather than a meaningless negative batch size.
+  """
+  ratio = state.trace_ema / jnp.where(state.grad_sq_ema > 0, state.grad_sq_ema, 1.0)
+  ratio = jnp.where(state.grad_sq_ema > 0, ratio, jnp.inf)
+  return jnp.where(state.count > 0, ratio, jnp.nan)
+
+
+def gain_from_estimates(state: NoiseScaleState, base_batch_size: int,
+                        batch_size: int) -> jax.Array:
+  """AdaScale's gain r ∈ [1, k] straight from the EMAs (jit-safe).
+
+  r = (tr Σ/B0 + |G|²) / (tr Σ/B + |G|²), k = B/B0, with both EMAs clipped at
+  0 first: a non-positive |G|² is pure noise (r = k), a non-positive tr Σ no
+  noise (r = 1). Before the first measurement r = 1, the baseline's pace.
+
+  Example:
+    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.0)
+    >>> round(float(gain_from_estimates(s, 10, 160)), 4)  # (3 + 2)/(0.1875 + 2)
+    2.2857
+  """
+  k = batch_size / base_batch_size
+  trace = jnp.maximum(state.trace_ema, 0.0)
+  grad_sq = jnp.maximum(state.grad_sq_ema, 0.0)
+  denominator = trace / batch_size + grad_sq
+  gain = (trace / base_batch_size + grad_sq) / jnp.where(denominator > 0, denominator, 1.0)
+  gain = jnp.where(denominator > 0, gain, 1.0)
+  return jnp.where(state.count > 0, jnp.clip(gain, 1.0, k), 1.0)
+
+
+class NoiseMeasurementState(NamedTuple):
+  """State of `measure_noise_scale`: the inner state and the noise EMAs."""
+
+  inner_state: Any
+  noise: NoiseScaleState
+
+
+def measure_noise_scale(
+    inner: optax.GradientTransformation, *, noise_decay: float = 0.99
+) -> optax.GradientTransformationExtraArgs:
+  """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.
+
+  Pass the step's `GradientSqNorms` as the extra argument `grad_sq_norms=`;
+  a non-finite one (`no_measurement`) leaves the EMAs as they were. The
+  updates are `inner`'s, unchanged. `date.adaptive` keeps the same EMAs
+  itself, so a run with the adaptive engine does not need this wrapper.
+
+  Example:
+    >>> tx = measure_noise_scale(optax.sgd(0.1), noise_decay=0.0)
+    >>> params = {"w": jnp.ones(2)}
+    >>> state = tx.init(params)
+    >>> _, state = tx.update({"w": jnp.ones(2)}, state, params,
+    ...                      grad_sq_norms=GradientSqNorms(5.0, 2.375, 10, 80))
+    >>> round(float(noise_scale(state.noise)), 4)
+    15.0
+  """
+  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  inner = optax.with_extra_args_support(inner)
+
+  def init_fn(params):
+    return NoiseMeasurementState(inner.init(params), init_noise_scale())
+
+  def update_fn(updates, state, params=None, *, grad_sq_norms=None, **extra_args):
+    new_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
+    noise = state.noise
+    if grad_sq_norms is not None:  # static: either always given or never
+      noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
+    return new_updates, NoiseMeasurementState(inner_state, noise)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------
+# Predicting: what a noise scale means for a larger batch (plain numbers).
+# --------------------------------------------------------------------------
+
+
+def _check_law_args(noise_scale, base_batch_size, batch_size) -> float:
+  if not isinstance(noise_scale, numbers.Real) or isinstance(noise_scale, bool):
+    raise TypeError(f"noise_scale must be a number (examples); got {noise_scale!r}.")
+  check_range("noise_scale", noise_scale, low=0.0)
+  check_range("base_batch_size", base_batch_size, low=0, low_inclusive=False)
+  check_range("batch_size", batch_size, low=0, low_inclusive=False)
+  return float(noise_scale)
+
+
+def adascale_gain(noise_scale: float, base_batch_size: int, batch_size: int) -> float:
+  """AdaScale's gain of `batch_size` over `base_batch_size` (Johnson et al. 2020).
+
+  r = (1 + B_noise/B0)/(1 + B_noise/B): how many baseline steps one step at
+  the larger batch is worth (McCandlish et al. 2018). r ≈ k = B/B0 below the
+  noise scale, r ≈ 1 far above it; B_noise = inf gives k.
+
+  Example:
+    >>> adascale_gain(1000.0, 100, 1000)
+    5.5
+  """
+  noise_scale = _check_law_args(noise_scale, base_batch_size, batch_size)
+  if math.isinf(noise_scale):
+    return batch_size / base_batch_size
+  return (1.0 + noise_scale / base_batch_size) / (1.0 + noise_scale / batch_size)
+
+
+def expected_efficiency(noise_scale: float, base_batch_size: int, batch_size: int) -> float:
+  """gain(k)/k: the fraction of the k-fold speed-up per step a larger batch delivers.
+
+  1.0 means perfect scaling (k× fewer steps); 1/k means no fewer steps at all.
+
+  Example:
+    >>> expected_efficiency(1000.0, 100, 1000)
+    0.55
+  """
+  gain = adascale_gain(noise_scale, base_batch_size, batch_size)
+  return gain * base_batch_size / batch_size
+
+
+def predicted_steps(noise_scale: float, base_batch_size: int, batch_size: int,
+                    base_steps: int, warmup_steps: int = 0) -> int:
+  """Steps DATE's adaptive mode needs at `batch_size` to cover `base_steps`.
+
+  McCandlish et al.'s law, S(B) = S_min(1 + B_noise/B), gives the steps at B
+  relative to B0 as 1/gain: after a warmup of `warmup_steps` W (the LR, and
+  so the progress, ramps linearly: (W + 1)/2 gains in all), the rest of the
+  baseline's steps go at `gain` per step.
+
+  Example:
+    >>> predicted_steps(1000.0, 100, 1000, base_steps=5500)
+    1000
+  """
+  gain = adascale_gain(noise_scale, base_batch_size, batch_size)
+  check_range("base_steps", base_steps, low=1)
+  check_range("warmup_steps", warmup_steps, low=0)
+  warmup_progress = gain * (warmup_steps + 1) / 2.0 if warmup_steps else 0.0
+  if warmup_progress >= base_steps:  # the baseline ends inside the ramp: n(n+1) ≥ 2TW/r
+    n = (math.sqrt(1.0 + 8.0 * base_steps * warmup_steps / gain) - 1.0) / 2.0
+    return max(1, math.ceil(n - 1e-9))
+  return warmup_steps + math.ceil((base_steps - warmup_progress) / gain - 1e-9)
