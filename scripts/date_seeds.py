@@ -7,6 +7,7 @@ adaptive against the bar: within 1.0 point of the baseline's mean accuracy, in
 ≤ 1/4 of its steps at 16x and ≤ 1/10 at 64x.
 
   python scripts/date_seeds.py --seeds 0,1,2 --scales 16,64 --workdir runs/date_seeds
+  python scripts/date_seeds.py --gain-rule sqrt      # the same with lr × √r_t
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -23,12 +25,12 @@ STEP_BAR = {16: 1 / 4, 64: 1 / 10}  # issue 8: the largest fraction of the basel
 
 
 def run_seed(seed: int, args) -> dict:
-  workdir = os.path.join(args.workdir, f"seed{seed}")
+  workdir = os.path.join(args.workdir, args.gain_rule, f"seed{seed}")
   results = os.path.join(workdir, "results.json")
   if not os.path.exists(results):
     subprocess.run([sys.executable, os.path.join(HERE, "main_job.py"), "--config", args.config,
                     "--workdir", workdir, "--scales", args.scales, "--seed", str(seed),
-                    "--no-progress"], check=True)
+                    "--gain-rule", args.gain_rule, "--no-progress"], check=True)
   with open(results, encoding="utf-8") as f:
     return json.load(f)
 
@@ -43,6 +45,7 @@ def main():
   parser.add_argument("--workdir", default="runs/date_seeds")
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--scales", default="16,64")
+  parser.add_argument("--gain-rule", default="linear", choices=["linear", "sqrt"])
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
   per_seed = [run_seed(seed, args) for seed in seeds]
@@ -66,7 +69,7 @@ def main():
   for name, rows in by_name.items():
     if not name.startswith("DATE adaptive"):
       continue
-    k = int(name.split()[-1].rstrip("x"))
+    k = int(re.search(r"(\d+)x", name).group(1))
     acc = statistics.mean(100 * r["accuracy"] for r in rows)
     fraction = statistics.mean(r["steps"] for r in rows) / base_steps
     bar = STEP_BAR.get(k)

@@ -40,7 +40,8 @@ def load_config(path: str):
   return module.get_config()
 
 
-def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool):
+def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
+             gain_rule: str = "linear"):
   """(name, config) of every run: the baseline, then static and adaptive per scale."""
   def config_for(batch_size, strategy):
     config = load_config(config_path)
@@ -48,15 +49,18 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool)
     config.checkpoint_every_steps = -1  # a comparison, not a resumable job
     config.strategy = strategy
     config.batch_size = batch_size
+    if strategy == "adaptive":
+      config.plan = dict(config.plan.to_dict(), gain_rule=gain_rule)
     if batch_size is not None:  # ~1 eval per 15 steps: a curve without paying for eval
       config.eval_every_steps = 15
     return config
 
   base_batch = load_config(config_path).baseline.batch_size
   out = [("baseline", config_for(None, "legw"))]
+  suffix = "" if gain_rule == "linear" else f" ({gain_rule} gain)"
   for k in scales:
     out.append((f"static LEGW {k}x", config_for(base_batch * k, "legw")))
-    out.append((f"DATE adaptive {k}x", config_for(base_batch * k, "adaptive")))
+    out.append((f"DATE adaptive {k}x{suffix}", config_for(base_batch * k, "adaptive")))
   return out
 
 
@@ -113,6 +117,8 @@ def main():
   parser.add_argument("--scales", default="16",
                       help="comma-separated batch multiples of the baseline, e.g. 16,64")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--gain-rule", default="linear", choices=["linear", "sqrt"],
+                      help="DATE adaptive's LR rule: × r_t or × √r_t")
   parser.add_argument("--figure", default=None, help="also save the PNG here")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args()
@@ -121,7 +127,8 @@ def main():
   scales = [int(s) for s in args.scales.split(",") if s]
   started = time.perf_counter()
   rows, noise = [], None
-  for name, config in variants(args.config, scales, args.seed, not args.no_progress):
+  for name, config in variants(args.config, scales, args.seed, not args.no_progress,
+                               args.gain_rule):
     workdir = os.path.join(args.workdir, name.replace(" ", "_"))
     rows.append(run_one(name, config, workdir, noise))
     if name == "baseline":

@@ -37,7 +37,8 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       decay_rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
 
 
-def build(recipe: Recipe) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
+def build(recipe: Recipe, *, noise_decay: float = 0.99
+          ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
   Families: "sgd", "momentum", "nesterov" (`optax.sgd`, weight decay added to
@@ -56,6 +57,9 @@ def build(recipe: Recipe) -> tuple[optax.GradientTransformationExtraArgs, optax.
 
   Args:
     recipe: the training recipe.
+    noise_decay: adaptive recipes: the noise-scale EMA decay per measurement
+      (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
+      the same horizon in steps.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -73,7 +77,8 @@ def build(recipe: Recipe) -> tuple[optax.GradientTransformationExtraArgs, optax.
   if recipe.adaptive:
     tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
-                  warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule)
+                  warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
+                  noise_decay=noise_decay)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule

@@ -222,12 +222,18 @@ def divergence_guard(
     # to test its finiteness, a non-finite step swaps the gradient for zeros
     # through `lax.cond` (which leaves the fusion of the accepted path alone),
     # and a skip multiplies the (then finite) update by a scalar 0.
-    probe, _ = inner.update(updates, state.inner_state, params, value=value, **extra_args)
-    finite = _all_finite(updates) & _all_finite(probe)
-    grads = jax.lax.cond(finite, lambda g: g, lambda g: jax.tree.map(jnp.zeros_like, g),
-                         updates)
+    import os; V = os.environ.get("GV", "A")
+    if V in ("A", "C"):
+      probe, _ = inner.update(updates, state.inner_state, params, value=value, **extra_args)
+      finite = _all_finite(updates) & _all_finite(probe)
+      grads = jax.lax.cond(finite, lambda g: g, lambda g: jax.tree.map(jnp.zeros_like, g),
+                           updates)
+    else:
+      grads = updates
     new_updates, new_inner = inner.update(grads, state.inner_state, params, value=value,
                                           **extra_args)
+    if V not in ("A", "C"):
+      finite = _all_finite(updates) & _all_finite(new_updates)
     if value is None:  # static: no loss, no spike test
       loss = state.loss_mean
       spike = jnp.array(False)
@@ -246,7 +252,19 @@ def divergence_guard(
 
     multiplier = state.lr_multiplier
     scale = jnp.where(accept, multiplier, 0.0)
-    out = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
+    if V == "A":
+      out = jax.tree.map(lambda u: (u * scale).astype(u.dtype), new_updates)
+    elif V in ("B", "C"):
+      out = jax.tree.map(lambda u: jnp.where(accept, jnp.where(multiplier == 1.0, u, (u * multiplier).astype(u.dtype)), jnp.zeros_like(u)), new_updates)
+    elif V == "F":
+      out = jax.tree.map(lambda u: jnp.where(~accept, jnp.zeros_like(u), jnp.where(multiplier == 1.0, u, (u * multiplier).astype(u.dtype))), new_updates)
+    elif V == "G":
+      out = jax.tree.map(lambda u: jnp.where(accept & (multiplier == 1.0), u, jnp.where(accept, u, jnp.zeros_like(u)) * multiplier), new_updates)
+    elif V == "I":
+      idx = jnp.where(accept, jnp.where(multiplier == 1.0, 1, 2), 0)
+      out = jax.tree.map(lambda u: jax.lax.select_n(idx, jnp.zeros_like(u), u, (u * multiplier).astype(u.dtype)), new_updates)
+    elif V == "D":
+      out = jax.tree.map(lambda u: jnp.where(accept & (multiplier == 1.0), u, jnp.where(accept, (u * multiplier).astype(u.dtype), jnp.zeros_like(u))), new_updates)
     next_multiplier = jnp.where(
         ~finite | persistent, jnp.maximum(multiplier * backoff, min_multiplier),
         jnp.where(accept, jnp.minimum(multiplier * growth, 1.0), multiplier))

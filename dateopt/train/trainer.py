@@ -169,9 +169,11 @@ def build_experiment(config: ml_collections.ConfigDict,
 
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe):
   """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured."""
-  tx, schedule = date.build(recipe)
+  # The noise EMAs keep a ~100-step horizon however often the noise is measured.
+  noise_decay = 0.99 ** config.measure_every_steps
+  tx, schedule = date.build(recipe, noise_decay=noise_decay)
   if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
-    tx = date.measure_noise_scale(tx)
+    tx = date.measure_noise_scale(tx, noise_decay=noise_decay)
   if config.guard:
     try:
       tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
@@ -286,18 +288,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     clock.count_step()
     done = False
     if logs_now:
-      train_metrics = parallel.to_host(metrics)  # waits for the step: the clock reads true time
-      train_metrics.update(clock.lap())
-      idle = False
-      if exp.recipe.adaptive and train_metrics["date/progress"] >= exp.recipe.total_steps:
+      logged = parallel.to_host(metrics)  # waits for the step: the clock reads true time
+      logged.update(clock.lap())
+      if exp.recipe.adaptive and logged["date/progress"] >= exp.recipe.total_steps:
         # Covered the baseline's steps at this step, or before it (the steps since are idle).
         done, taken = True, int(parallel.to_host(state.step))
-        idle, step = taken != step, taken
-      with clock.paused():
-        if not idle:
+        if taken != step:
+          logged, step = None, taken  # an idle step's metrics: nothing to log
+      if logged is not None:
+        train_metrics = logged
+        with clock.paused():
           writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
-        progress.update(0, loss=train_metrics["loss"],
-                        lr=train_metrics.get("learning_rate", 0.0))
+          progress.update(0, loss=train_metrics["loss"],
+                          lr=train_metrics.get("learning_rate", 0.0))
     progress.update(1)
     evaluates = done or _every(step, eval_every, last)
     saves = checkpointer is not None and (done or _every(step, config.checkpoint_every_steps, last))
