@@ -96,55 +96,9 @@ def legw_warmup_epochs(
   return float(base_warmup_epochs) * batch_size / base_batch_size
 
 
-# --------------------------------------------------------------------------
-# Epochs and steps: the one converter.
-# --------------------------------------------------------------------------
-
-
-def steps_per_epoch(
-    num_examples: int, batch_size: int, drop_remainder: bool = True
-) -> int:
-  """Number of optimizer steps in one pass over `num_examples` examples.
-
-  Args:
-    num_examples: examples in the training set (> 0).
-    batch_size: global batch size (> 0).
-    drop_remainder: True drops the last partial batch (floor), False keeps it
-      as a smaller step (ceil).
-
-  Example:
-    >>> steps_per_epoch(1_281_167, 1024), steps_per_epoch(1_281_167, 1024, False)
-    (1251, 1252)
-  """
-  check_range("num_examples", num_examples, low=0, low_inclusive=False)
-  check_range("batch_size", batch_size, low=0, low_inclusive=False)
-  if drop_remainder:
-    steps = num_examples // batch_size
-  else:
-    steps = -(-num_examples // batch_size)
-  if steps < 1:
-    raise ValueError(
-        f"batch_size must be <= num_examples when drop_remainder is True; got "
-        f"batch_size={batch_size}, num_examples={num_examples}.")
-  return int(steps)
-
-
-def epochs_to_steps(
-    epochs: float, num_examples: int, batch_size: int, drop_remainder: bool = True
-) -> int:
-  """Converts a (possibly fractional) number of epochs to optimizer steps.
-
-  steps = round(epochs · steps_per_epoch(num_examples, batch_size,
-  drop_remainder)), rounding halves up. Every epoch→step conversion in dateopt
-  goes through this function.
-
-  Example:
-    >>> epochs_to_steps(0.3125, 1_281_167, 1024)   # 0.3125 · 1251 = 390.9
-    391
-  """
-  check_range("epochs", epochs, low=0.0)
-  per_epoch = steps_per_epoch(num_examples, batch_size, drop_remainder)
-  return int(math.floor(float(epochs) * per_epoch + 0.5))
+# Epochs and steps: the one converter lives in `dateopt.epochs` (the data layer
+# counts epochs with it too); it is re-exported here as part of this API.
+from dateopt.epochs import epochs_to_steps, steps_per_epoch  # noqa: E402,F401
 
 
 # --------------------------------------------------------------------------

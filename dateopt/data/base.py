@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import numpy as np
 
+from dateopt import epochs
 from dateopt.validation import check_choice, check_range, check_type
 
 Batch = dict[str, np.ndarray]
@@ -213,7 +214,8 @@ class Dataset:
     if global_batch_size > self.num_train_examples:
       raise ValueError(f"global_batch_size ({global_batch_size}) exceeds the "
                        f"{self.num_train_examples} training examples of {self.name!r}.")
-    return self.num_train_examples // global_batch_size
+    return epochs.steps_per_epoch(self.num_train_examples, global_batch_size,
+                                  drop_remainder=True)
 
   def train_batch(self, step: int, global_batch_size: int, *, seed: int, process_index: int = 0,
                   process_count: int = 1, augment: bool = True) -> Batch:
