@@ -9,7 +9,8 @@ divergence guard on everywhere, noise scale measured everywhere):
   * `DATE adaptive {k}x`: the baseline's schedule walked at the gain measured
     from the gradient noise scale each step, stopping when it has covered the
     baseline's steps. Its predicted steps come from the noise scale the
-    baseline run measured (median of its logged values).
+    baseline run measured: the law's steps, Σ 1/r over the baseline's logged
+    noise scales (`effective_noise_scale`).
 
 It prints a table, writes it with every run's numbers to
 `<workdir>/results.md` and `results.json`, and draws eval accuracy against steps
@@ -64,12 +65,33 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
   return out
 
 
-def measured_noise_scale(workdir: str) -> float:
-  """The median B_noise a run logged (finite, positive values)."""
+def measured_noise_scales(workdir: str) -> list[float]:
+  """The B_noise values a run logged, one per log step (inf: the signal estimate was ≤ 0)."""
   from dateopt import plots
-  _, values = plots.metric_curve(plots.read_metrics(workdir), "train/date/noise_scale")
-  values = [v for v in values if v > 0]
-  return statistics.median(values) if values else math.nan
+  rows = plots.read_metrics(workdir)
+  return [float(r["train/date/noise_scale"]) for r in rows
+          if r.get("train/date/noise_scale") is not None
+          and not math.isnan(float(r["train/date/noise_scale"]))]
+
+
+def effective_noise_scale(values: list[float], base_batch_size: int, batch_size: int) -> float:
+  """The one B_noise whose gain is the baseline trajectory's harmonic-mean gain at `batch_size`.
+
+  The adaptive run's steps are Σ 1/r over the baseline's steps, so with the
+  baseline's noise scale B_i logged at equal intervals the law predicts
+  T0 · mean(1/r(B_i)); this returns the B with r(B) = 1/mean(1/r(B_i)), for
+  `date.plan(..., noise_scale=B)` to predict from.
+  """
+  from dateopt import date
+  gains = [date.adascale_gain(max(v, 0.0), base_batch_size, batch_size) for v in values]
+  if not gains:
+    return math.nan
+  gain = len(gains) / sum(1.0 / g for g in gains)
+  k = batch_size / base_batch_size
+  if gain >= k:
+    return math.inf
+  # r = (1 + B/b0)/(1 + B/b)  ⇔  B = (r − 1)/(1/b0 − r/b)
+  return (gain - 1.0) / (1.0 / base_batch_size - gain / batch_size)
 
 
 def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
@@ -126,20 +148,26 @@ def main():
 
   scales = [int(s) for s in args.scales.split(",") if s]
   started = time.perf_counter()
-  rows, noise = [], None
+  rows, measured = [], []
   for name, config in variants(args.config, scales, args.seed, not args.no_progress,
                                args.gain_rule):
     workdir = os.path.join(args.workdir, name.replace(" ", "_"))
+    noise = None
+    if measured and config.batch_size is not None:
+      noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
     rows.append(run_one(name, config, workdir, noise))
     if name == "baseline":
-      noise = measured_noise_scale(workdir)
-      print(f"\nbaseline: median measured noise scale B_noise = {noise:,.0f} examples\n",
+      measured = measured_noise_scales(workdir)
+      finite = [v for v in measured if math.isfinite(v)]
+      print(f"\nbaseline: measured noise scale B_noise median {statistics.median(finite):,.0f} "
+            f"examples ({len(measured) - len(finite)} of {len(measured)} logs: signal ≤ 0)\n",
             flush=True)
   total = time.perf_counter() - started
+  noise = statistics.median(v for v in measured if math.isfinite(v))
 
   table = markdown_table(rows)
-  summary = (f"{table}\n\nseed {args.seed}; baseline B_noise (median) = {noise:,.0f}; "
-             f"whole job {total:.0f} s")
+  summary = (f"{table}\n\nseed {args.seed}; baseline B_noise median {noise:,.0f} (predictions use "
+             f"the harmonic-mean gain over the baseline's logged B_noise); whole job {total:.0f} s")
   print("\n" + summary)
   os.makedirs(args.workdir, exist_ok=True)
   with open(os.path.join(args.workdir, "results.md"), "w", encoding="utf-8") as f:
