@@ -263,6 +263,11 @@ def divergence_guard(
     elif V == "I":
       idx = jnp.where(accept, jnp.where(multiplier == 1.0, 1, 2), 0)
       out = jax.tree.map(lambda u: jax.lax.select_n(idx, jnp.zeros_like(u), u, (u * multiplier).astype(u.dtype)), new_updates)
+    elif V == "K":
+      out = jax.tree.map(lambda u: jnp.where(scale == 1.0, u, jnp.where(accept, (u * multiplier).astype(u.dtype), jnp.zeros_like(u))), new_updates)
+    elif V == "M":
+      keep = accept & (multiplier == 1.0)
+      out = jax.tree.map(lambda u: jnp.where(keep, u, jnp.where(accept, (u * multiplier).astype(u.dtype), 0.0).astype(u.dtype)), new_updates)
     elif V == "D":
       out = jax.tree.map(lambda u: jnp.where(accept & (multiplier == 1.0), u, jnp.where(accept, (u * multiplier).astype(u.dtype), jnp.zeros_like(u))), new_updates)
     next_multiplier = jnp.where(
