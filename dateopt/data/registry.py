@@ -8,7 +8,7 @@ from dateopt.data.base import Dataset
 from dateopt.data.offline import build_digits, build_fake_images, build_mnist1d
 from dateopt.data.text import build_ptb
 from dateopt.data.tfds_sources import build_imagenet2012, build_mnist
-from dateopt.validation import check_choice
+from dateopt.validation import call_by_name, check_choice
 
 
 # tfds_sources imports tensorflow-datasets, grain and PIL only inside its builders,
@@ -64,16 +64,4 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
     >>> batch = ds.train_batch(0, 128, seed=0)
   """
   check_choice("dataset name", name, DATASET_NAMES)
-  build = _BUILDERS[name]
-  try:
-    return build(data_dir=data_dir, **kwargs)
-  except TypeError as error:
-    if error.__traceback__.tb_next is not None:  # raised inside the builder: not ours
-      raise
-    raise _call_error(f"get_dataset({name!r})", error) from error
-
-
-def _call_error(call: str, error: TypeError) -> TypeError:
-  """Python's own argument-binding message, with `call` in place of the builder's name."""
-  _, found, rest = str(error).partition("() ")
-  return TypeError(f"{call} {rest}" if found else f"{call}: {error}")
+  return call_by_name(f"get_dataset({name!r})", _BUILDERS[name], data_dir=data_dir, **kwargs)

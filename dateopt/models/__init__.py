@@ -44,7 +44,7 @@ from dateopt.models.resnet import (
     ResNet,
     make_resnet,
 )
-from dateopt.validation import check_choice
+from dateopt.validation import call_by_name, check_choice
 
 
 def _resnet_builder(name: str) -> Callable[..., nn.Module]:
@@ -107,19 +107,8 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     >>> lm = create_model("lstm_lm", preset="ptb_small", vocab_size=10_000)
   """
   check_choice("model name", name, MODEL_NAMES)
-  build, dtype = _BUILDERS[name], _compute_dtype(dtype)
-  try:
-    return build(num_classes=num_classes, dtype=dtype, **kwargs)
-  except TypeError as error:
-    if error.__traceback__.tb_next is not None:  # raised inside the builder: not ours
-      raise
-    raise _call_error(f"create_model({name!r})", error) from error
-
-
-def _call_error(call: str, error: TypeError) -> TypeError:
-  """Python's own argument-binding message, with `call` in place of the builder's name."""
-  _, found, rest = str(error).partition("() ")
-  return TypeError(f"{call} {rest}" if found else f"{call}: {error}")
+  return call_by_name(f"create_model({name!r})", _BUILDERS[name], num_classes=num_classes,
+                      dtype=_compute_dtype(dtype), **kwargs)
 
 
 def _compute_dtype(dtype: Any) -> jnp.dtype:
