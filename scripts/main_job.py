@@ -74,6 +74,11 @@ def measured_noise_scales(workdir: str) -> list[float]:
           and not math.isnan(float(r["train/date/noise_scale"]))]
 
 
+def finite_median(values: list[float]) -> float:
+  finite = [v for v in values if math.isfinite(v)]
+  return statistics.median(finite) if finite else math.nan
+
+
 def effective_noise_scale(values: list[float], base_batch_size: int, batch_size: int) -> float:
   """The one B_noise whose gain is the baseline trajectory's harmonic-mean gain at `batch_size`.
 
@@ -158,12 +163,11 @@ def main():
     rows.append(run_one(name, config, workdir, noise))
     if name == "baseline":
       measured = measured_noise_scales(workdir)
-      finite = [v for v in measured if math.isfinite(v)]
-      print(f"\nbaseline: measured noise scale B_noise median {statistics.median(finite):,.0f} "
-            f"examples ({len(measured) - len(finite)} of {len(measured)} logs: signal ≤ 0)\n",
+      print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
+            f"examples ({sum(map(math.isinf, measured))} of {len(measured)} logs: signal ≤ 0)\n",
             flush=True)
   total = time.perf_counter() - started
-  noise = statistics.median(v for v in measured if math.isfinite(v))
+  noise = finite_median(measured)
 
   table = markdown_table(rows)
   summary = (f"{table}\n\nseed {args.seed}; baseline B_noise median {noise:,.0f} (predictions use "

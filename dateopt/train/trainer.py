@@ -24,14 +24,12 @@ import dataclasses
 import functools
 import json
 import os
-import time
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from dateopt import data as data_lib
 from dateopt import date
