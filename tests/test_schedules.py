@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dateopt import schedules
+from dateopt import epochs, schedules
 
 IMAGENET = 1_281_167
 
@@ -279,6 +279,7 @@ def test_bad_schedule_arguments_name_the_field(field, build):
     build()
 
 
-def test_docstring_examples():
-  result = doctest.testmod(schedules, optionflags=doctest.ELLIPSIS)
-  assert result.attempted > 10 and result.failed == 0
+@pytest.mark.parametrize("module", [schedules, epochs])
+def test_docstring_examples(module):
+  result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+  assert result.attempted >= 2 and result.failed == 0
