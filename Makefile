@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
-## The main job: DATE plans a 16x larger batch for the MNIST-1D LSTM and trains both.
+## The main job: the MNIST-1D LSTM baseline against static LEGW and DATE adaptive at 16x.
 run: install
 	$(BIN)/python scripts/main_job.py --config $(CONFIG) --workdir $(WORKDIR)
 
