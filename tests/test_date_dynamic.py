@@ -373,3 +373,5 @@ def test_adaptive_plan_builds_the_adaptive_optimizer_and_explains_the_prediction
   assert date.Recipe.from_dict(big.to_dict()) == big
   with pytest.raises(ValueError, match="base_batch_size"):
     base.replace(base_batch_size=64)
+  with pytest.raises(ValueError, match="momentum_scaling"):
+    date.plan(base, 512, "adaptive", momentum_scaling=True)

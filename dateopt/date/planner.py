@@ -130,6 +130,9 @@ def plan(
   if promote is None:
     promote = strategy == "legw"
   if strategy == "adaptive":
+    if promote or momentum_scaling:
+      raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
+                       "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
                           critical_batch_factor)
 
