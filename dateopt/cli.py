@@ -33,7 +33,8 @@ def main(argv=None):
   import jax
   if jax.process_index() == 0:
     summary = {"eval": result.eval_metrics, "steps_per_second": result.steps_per_second,
-               "batch_size": result.recipe.batch_size}
+               "batch_size": result.recipe.batch_size, "steps": result.steps,
+               "predicted_steps": result.predicted_steps}
     print("final:", json.dumps(summary))
     with open(os.path.join(FLAGS.workdir, "final_metrics.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2)
