@@ -240,7 +240,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           f"strategy {config.strategy!r}, {exp.num_train_steps} steps on {exp.mesh.size} "
           f"devices / {jax.process_count()} processes):\n{report}", flush=True)
   _save_recipes(workdir, exp, report)
-  tx, schedule = build_optimizer(config, exp.recipe)
+  tx, _ = build_optimizer(config, exp.recipe)  # the LR each step applied is read from its state
 
   replicated = parallel.replicated(exp.mesh)
   init = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=config.seed),
