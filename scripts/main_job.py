@@ -23,22 +23,15 @@ to `<workdir>/eval_accuracy.png` (and `--figure`, if given).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import shutil
-import statistics
 import time
 
 from absl import logging
 
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("job_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from dateopt.study import effective_noise_scale, finite_median, load_config, measured_noise_scales
 
 
 def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
@@ -63,40 +56,6 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
     out.append((f"static LEGW {k}x", config_for(base_batch * k, "legw")))
     out.append((f"DATE adaptive {k}x{suffix}", config_for(base_batch * k, "adaptive")))
   return out
-
-
-def measured_noise_scales(workdir: str) -> list[float]:
-  """The B_noise values a run logged, one per log step (inf: the signal estimate was ≤ 0)."""
-  from dateopt import plots
-  rows = plots.read_metrics(workdir)
-  return [float(r["train/date/noise_scale"]) for r in rows
-          if r.get("train/date/noise_scale") is not None
-          and not math.isnan(float(r["train/date/noise_scale"]))]
-
-
-def finite_median(values: list[float]) -> float:
-  finite = [v for v in values if math.isfinite(v)]
-  return statistics.median(finite) if finite else math.nan
-
-
-def effective_noise_scale(values: list[float], base_batch_size: int, batch_size: int) -> float:
-  """The one B_noise whose gain is the baseline trajectory's harmonic-mean gain at `batch_size`.
-
-  The adaptive run's steps are Σ 1/r over the baseline's steps, so with the
-  baseline's noise scale B_i logged at equal intervals the law predicts
-  T0 · mean(1/r(B_i)); this returns the B with r(B) = 1/mean(1/r(B_i)), for
-  `date.plan(..., noise_scale=B)` to predict from.
-  """
-  from dateopt import date
-  gains = [date.adascale_gain(max(v, 0.0), base_batch_size, batch_size) for v in values]
-  if not gains:
-    return math.nan
-  gain = len(gains) / sum(1.0 / g for g in gains)
-  k = batch_size / base_batch_size
-  if gain >= k:
-    return math.inf
-  # r = (1 + B/b0)/(1 + B/b)  ⇔  B = (r − 1)/(1/b0 − r/b)
-  return (gain - 1.0) / (1.0 / base_batch_size - gain / batch_size)
 
 
 def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
@@ -162,7 +121,8 @@ def main():
       noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
     rows.append(run_one(name, config, workdir, noise))
     if name == "baseline":
-      measured = measured_noise_scales(workdir)
+      from dateopt import plots
+      measured = measured_noise_scales(plots.read_metrics(workdir))
       print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
             f"examples ({sum(map(math.isinf, measured))} of {len(measured)} logs: signal ≤ 0)\n",
             flush=True)

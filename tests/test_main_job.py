@@ -8,20 +8,18 @@ import sys
 
 import pytest
 
-from dateopt import date
+from dateopt import date, study
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-import main_job  # noqa: E402  (scripts/main_job.py)
 
 
 def test_effective_noise_scale_gives_the_harmonic_mean_gain():
   values = [500.0, math.inf, 100.0, 40.0]
   gains = [date.adascale_gain(v, 32, 512) for v in values]
   harmonic = len(gains) / sum(1 / g for g in gains)
-  b_eff = main_job.effective_noise_scale(values, 32, 512)
+  b_eff = study.effective_noise_scale(values, 32, 512)
   assert date.adascale_gain(b_eff, 32, 512) == pytest.approx(harmonic, rel=1e-9)
-  assert main_job.effective_noise_scale([math.inf], 32, 512) == math.inf
+  assert study.effective_noise_scale([math.inf], 32, 512) == math.inf
 
 
 def test_main_job_runs_baseline_static_and_adaptive_with_the_guard_on(tmp_path):

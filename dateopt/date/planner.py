@@ -50,6 +50,7 @@ def plan(
     noise_scale: float | None = None,
     critical_batch_factor: float = 4.0,
     gain_rule: str = "linear",
+    linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
@@ -66,7 +67,8 @@ def plan(
       the same epochs (You et al., "Large-Batch Training for LSTM and Beyond",
       SC'19). The warmup lasts as many steps as the baseline's.
     * "linear": peak LR × k, a 5-epoch warmup starting from the baseline LR
-      (Goyal et al. 2017).
+      (Goyal et al. 2017); `linear_warmup_epochs` sets another length (a
+      shorter run keeping Goyal's 5-of-90-epoch proportion, say).
     * "sqrt": peak LR × √k, warmup epochs unchanged.
     * "none": only the batch size changes.
   The whole LR curve keeps its shape: `end_value` and `init_value` scale
@@ -102,6 +104,7 @@ def plan(
     noise_scale: a measured gradient noise scale B_noise, in examples.
     critical_batch_factor: warn above this multiple of B_noise.
     gain_rule: "adaptive" only: "linear" or "sqrt" (see above).
+    linear_warmup_epochs: "linear" only: the warmup's epochs (Goyal's 5).
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -126,6 +129,8 @@ def plan(
   check_range("promote_above", promote_above, low=0)
   check_range("critical_batch_factor", critical_batch_factor, low=0.0,
               low_inclusive=False)
+  check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, "a number >= 0")
+  check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
   if promote is None:
     promote = strategy == "legw"
@@ -162,7 +167,7 @@ def plan(
   changes["init_value"] = baseline.init_value * curve
   why["end_value"] = why["init_value"] = f"scaled with the peak (× {curve:.4g})"
 
-  changes.update(_planned_warmup(baseline, batch_size, strategy, why))
+  changes.update(_planned_warmup(baseline, batch_size, strategy, why, linear_warmup_epochs))
   if momentum_scaling and family in MOMENTUM_OPTIMIZERS:
     changes["momentum"] = max(0.0, 1.0 - (1.0 - baseline.momentum) / k)
     why["momentum"] = f"Smith et al. 2017: B ∝ 1/(1 − m), so 1 − m ÷ {k:g}"
@@ -249,7 +254,7 @@ def _promoted_family(baseline, batch_size, promote, promote_above, batch_norm) -
 
 
 def _planned_warmup(baseline: Recipe, batch_size: int, strategy: str,
-                    why: dict) -> dict:
+                    why: dict, linear_warmup_epochs: float) -> dict:
   """The warmup fields of the plan, with their reasons added to `why`."""
   if strategy == "legw":
     epochs = schedules.legw_warmup_epochs(baseline.warmup_epochs,
@@ -263,9 +268,9 @@ def _planned_warmup(baseline: Recipe, batch_size: int, strategy: str,
                     "(or use strategy='linear').", UserWarning, stacklevel=3)
     return {"warmup_epochs": epochs}
   if strategy == "linear":
-    why["warmup_epochs"] = "Goyal et al. 2017: 5-epoch gradual warmup"
+    why["warmup_epochs"] = f"Goyal et al. 2017: {linear_warmup_epochs:g}-epoch gradual warmup"
     why["init_value"] = "Goyal et al. 2017: warmup starts at the baseline LR"
-    return {"warmup_epochs": schedules.GOYAL_WARMUP_EPOCHS,
+    return {"warmup_epochs": float(linear_warmup_epochs),
             "init_value": baseline.learning_rate}
   return {}
 

@@ -143,11 +143,12 @@ def _make_norm(train: bool, group_size: int | None, dtype: Any) -> Callable[...,
                            momentum=BN_MOMENTUM, epsilon=BN_EPSILON, dtype=dtype)
 
 
-def _conv(features: int, kernel: int, strides: int, dtype: Any, name: str) -> nn.Conv:
+def _conv(features: int, kernel: int, strides: int, dtype: Any, name: str,
+          spatial_dims: int = 2) -> nn.Conv:
   # Symmetric padding k // 2, as torchvision: a stride-2 3x3 conv sees the same pixels.
   pad = kernel // 2
-  return nn.Conv(features, (kernel, kernel), strides=(strides, strides),
-                 padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=_CONV_INIT,
+  return nn.Conv(features, (kernel,) * spatial_dims, strides=(strides,) * spatial_dims,
+                 padding=((pad, pad),) * spatial_dims, use_bias=False, kernel_init=_CONV_INIT,
                  dtype=dtype, name=name)
 
 
@@ -165,9 +166,10 @@ class BasicBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    residual = _conv(self.filters, 3, self.strides, self.dtype, "conv1")(x)
+    dims = x.ndim - 2
+    residual = _conv(self.filters, 3, self.strides, self.dtype, "conv1", dims)(x)
     residual = nn.relu(self.norm(name="bn1")(residual))
-    residual = _conv(self.filters, 3, 1, self.dtype, "conv2")(residual)
+    residual = _conv(self.filters, 3, 1, self.dtype, "conv2", dims)(residual)
     # Goyal et al. 2017: zero gamma, so the fresh block is its shortcut.
     residual = self.norm(name="bn2", scale_init=nn.initializers.zeros)(residual)
     return nn.relu(_shortcut(x, self.filters, self.strides, self.norm, self.dtype) + residual)
@@ -187,11 +189,12 @@ class BottleneckBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    residual = _conv(self.filters, 1, 1, self.dtype, "conv1")(x)
+    dims = x.ndim - 2
+    residual = _conv(self.filters, 1, 1, self.dtype, "conv1", dims)(x)
     residual = nn.relu(self.norm(name="bn1")(residual))
-    residual = _conv(self.filters, 3, self.strides, self.dtype, "conv2")(residual)
+    residual = _conv(self.filters, 3, self.strides, self.dtype, "conv2", dims)(residual)
     residual = nn.relu(self.norm(name="bn2")(residual))
-    residual = _conv(4 * self.filters, 1, 1, self.dtype, "conv3")(residual)
+    residual = _conv(4 * self.filters, 1, 1, self.dtype, "conv3", dims)(residual)
     residual = self.norm(name="bn3", scale_init=nn.initializers.zeros)(residual)
     return nn.relu(_shortcut(x, 4 * self.filters, self.strides, self.norm, self.dtype) + residual)
 
@@ -200,7 +203,7 @@ def _shortcut(x, features, strides, norm, dtype):
   """Identity, or a strided 1x1 projection + BN when the shape changes."""
   if x.shape[-1] == features and strides == 1:
     return x
-  x = _conv(features, 1, strides, dtype, "proj_conv")(x)
+  x = _conv(features, 1, strides, dtype, "proj_conv", x.ndim - 2)(x)
   return norm(name="proj_bn")(x)
 
 
@@ -208,7 +211,10 @@ _BLOCKS = {"basic": BasicBlock, "bottleneck": BottleneckBlock}
 
 
 class ResNet(nn.Module):
-  """ResNet v1.5 (He et al. 2016) for NHWC images; returns float32 logits.
+  """ResNet v1.5 (He et al. 2016) for NHWC images or NLC sequences; returns float32 logits.
+
+  The convolutions are 2-D on (B, H, W, C) inputs and 1-D on (B, L, C) inputs
+  (MNIST-1D), with the same kernel sizes and strides along each axis.
 
   Attributes:
     stage_sizes: residual blocks per stage, e.g. (3, 4, 6, 3) for ResNet-50.
@@ -243,12 +249,13 @@ class ResNet(nn.Module):
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
     norm = _make_norm(train, self.bn_group_size, self.dtype)
     x = jnp.asarray(x, self.dtype)
+    dims = x.ndim - 2  # 2: NHWC images; 1: NLC sequences (1-D convolutions)
     if self.stem == "imagenet":
-      x = _conv(self.num_filters, 7, 2, self.dtype, "stem_conv")(x)
+      x = _conv(self.num_filters, 7, 2, self.dtype, "stem_conv", dims)(x)
       x = nn.relu(norm(name="stem_bn")(x))
-      x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+      x = nn.max_pool(x, (3,) * dims, strides=(2,) * dims, padding=((1, 1),) * dims)
     else:
-      x = _conv(self.num_filters, 3, 1, self.dtype, "stem_conv")(x)
+      x = _conv(self.num_filters, 3, 1, self.dtype, "stem_conv", dims)(x)
       x = nn.relu(norm(name="stem_bn")(x))
     block_cls = _BLOCKS[self.block]
     for stage, num_blocks in enumerate(self.stage_sizes):
@@ -256,7 +263,7 @@ class ResNet(nn.Module):
         strides = 2 if stage > 0 and index == 0 else 1
         x = block_cls(filters=self.num_filters * 2**stage, strides=strides, norm=norm,
                       dtype=self.dtype, name=f"stage{stage + 1}_block{index + 1}")(x)
-    x = jnp.mean(x, axis=(1, 2))
+    x = jnp.mean(x, axis=tuple(range(1, 1 + dims)))
     x = nn.Dense(self.num_classes, kernel_init=_HEAD_INIT, dtype=self.dtype, name="head")(x)
     # Softmax and loss run in float32 even under bf16 compute.
     return jnp.asarray(x, jnp.float32)

@@ -1,0 +1,183 @@
+"""The batch-scaling study (dateopt.study, scripts/scaling_study.py): grid, configs, tables, --quick."""
+
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dateopt import date, study
+from dateopt.train import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "tests", "study_tiny_config.py")
+
+
+def test_grid_has_the_issues_cells_in_dependency_order():
+  cells = study.grid(["lstm"])
+  # 3 baselines; 6 batches x (3 DATE seeds + 4 static rules + LEGW at DATE's steps).
+  assert len(cells) == 3 + 6 * (3 + 4 + 1)
+  assert len({c.key for c in cells}) == len(cells)
+  order = [c.strategy for c in cells]
+  assert order[:3] == ["baseline"] * 3 and order[3] == "adaptive"
+  assert order.index("legw_date_steps") > max(i for i, s in enumerate(order) if s == "adaptive")
+  assert {c.multiple for c in cells if c.strategy == "legw"} == {2, 4, 8, 16, 32, 64}
+  assert {c.seed for c in cells if c.strategy == "none"} == {0}
+  with pytest.raises(ValueError, match="strategies"):
+    study.grid(["lstm"], strategies=["baseline", "lars"])
+  with pytest.raises(ValueError, match="multiples"):
+    study.grid(["lstm"], multiples=(0, 2))
+
+
+def _planned(config, n=1600):
+  return trainer.plan_recipe(config, n)
+
+
+def test_cell_configs_change_only_what_the_strategy_changes():
+  base = study.load_config(TINY)  # batch 8, 2 epochs of 1,600 train examples: 400 steps
+  n = 1600
+
+  baseline = study.cell_config(base, study.Cell("t", "baseline", 1, 2), num_train_examples=n)
+  assert baseline.batch_size is None and baseline.seed == 2
+  assert baseline.checkpoint_every_steps == -1 and not baseline.progress_bar
+  assert baseline.baseline.to_dict() == base.baseline.to_dict()
+
+  legw = study.cell_config(base, study.Cell("t", "legw", 4, 0), num_train_examples=n)
+  _, recipe = _planned(legw, n)
+  assert recipe.batch_size == 32 and recipe.total_steps == 100  # equal epochs
+  assert recipe.learning_rate == pytest.approx(1e-2 * 2)  # √4
+
+  linear = study.cell_config(base, study.Cell("t", "linear", 4, 0), num_train_examples=n)
+  _, recipe = _planned(linear, n)
+  assert recipe.learning_rate == pytest.approx(1e-2 * 4)
+  assert recipe.warmup_epochs == pytest.approx(2 * 5 / 90)  # Goyal's share of the epochs
+
+  dated = study.cell_config(base, study.Cell("t", "legw_date_steps", 4, 0),
+                            num_train_examples=n, date_steps=137)
+  _, recipe = _planned(dated, n)
+  assert recipe.total_steps == 137 and recipe.learning_rate == pytest.approx(2e-2)
+  assert recipe.warmup_epochs == pytest.approx(4 * 0.02)  # LEGW's, unchanged by the length
+  with pytest.raises(ValueError, match="DATE's runs"):
+    study.cell_config(base, study.Cell("t", "legw_date_steps", 4, 0), num_train_examples=n)
+
+  adaptive = study.cell_config(base, study.Cell("t", "adaptive", 4, 1), num_train_examples=n,
+                               noise_scale=50.0)
+  _, recipe = _planned(adaptive, n)
+  assert recipe.adaptive and recipe.base_batch_size == 8
+  assert adaptive.plan.noise_scale == 50.0
+  assert date.plan_predicted_steps(recipe, 50.0) == date.predicted_steps(
+      50.0, 8, 32, 400, recipe.warmup_steps)
+
+
+def test_effective_noise_scale_and_the_law_by_hand():
+  # A constant noise scale is its own effective value.
+  assert study.effective_noise_scale([500.0] * 3, 32, 512) == pytest.approx(500.0)
+  values = [500.0, math.inf, 100.0, 40.0]
+  gains = [date.adascale_gain(v, 32, 512) for v in values]
+  harmonic = len(gains) / sum(1 / g for g in gains)
+  assert date.adascale_gain(study.effective_noise_scale(values, 32, 512), 32, 512) == (
+      pytest.approx(harmonic, rel=1e-9))
+  # S(B) = S0 (1 + Bn/B)/(1 + Bn/B0): 1000 (1 + 100/1000)/(1 + 100/10) = 100.
+  assert study.law_steps(1000, 100.0, 10, 1000) == pytest.approx(100.0)
+  assert study.law_steps(1000, 100.0, 10, 10) == pytest.approx(1000.0)
+
+
+def _row(strategy, k, seed, accuracy, steps, curve, noise=()):
+  return {"key": f"w/{strategy}/{k}x/seed{seed}", "workload": "w", "strategy": strategy,
+          "multiple": k, "seed": seed, "batch": 32 * k, "base_batch": 32, "steps": steps,
+          "examples": steps * 32 * k, "predicted_steps": 110 if strategy == "adaptive" else steps,
+          "final_accuracy": accuracy, "best_accuracy": max(a for _, a in curve),
+          "wall_seconds": 1.0, "guard_skipped": 0, "guard_lr_multiplier": 1.0,
+          "noise_scales": list(noise), "eval_steps": [s for s, _ in curve],
+          "eval_accuracy": [a for _, a in curve]}
+
+
+def _rows():
+  return [
+      _row("baseline", 1, 0, 0.96, 1000, [(500, 0.90), (1000, 0.96)], [200.0, 400.0]),
+      _row("baseline", 1, 1, 0.98, 1000, [(500, 0.95), (1000, 0.98)], [300.0]),
+      _row("adaptive", 64, 0, 0.97, 90, [(30, 0.80), (60, 0.965), (90, 0.97)]),
+      _row("adaptive", 64, 1, 0.95, 130, [(65, 0.90), (130, 0.95)]),
+      _row("none", 64, 0, 0.50, 16, [(16, 0.50)]),
+  ]
+
+
+def test_summary_tables_and_bar_by_hand(tmp_path):
+  rows = _rows()
+  # Target: mean baseline accuracy 0.97 less 1 point = 0.96.
+  assert study.baseline_target(rows, "w") == pytest.approx(0.96)
+  assert study.steps_to_target(rows[2], 0.96) == 60
+  assert study.steps_to_target(rows[3], 0.96) is None
+  summary = {(e["strategy"], e["multiple"]): e for e in study.summarize(rows)}
+  base, dyn = summary[("baseline", 1)], summary[("adaptive", 64)]
+  assert base["accuracy"] == pytest.approx(97.0) and base["accuracy_std"] == pytest.approx(
+      math.sqrt(2) * 1.0)  # stdev of (96, 98)
+  assert base["steps_to_target"] == 1000 and base["noise_scale_median"] == 300.0
+  assert dyn["accuracy"] == pytest.approx(96.0) and dyn["steps"] == 110
+  assert dyn["steps_to_target"] == 60 and dyn["reached"] == 1
+  assert summary[("none", 64)]["steps_to_target"] is None
+
+  bar = study.bar_check(list(summary.values()))
+  assert bar == {"accuracy_misses": [], "prediction_misses": [], "steps_ratio_64x": 0.11}
+  text = study.markdown_report(list(summary.values()))
+  assert "| 2,048 (64x) | 96.00 ± 1.41 (110) |" in text
+  assert "0.110 of the baseline's (> 1/10)" in text
+  assert "within 1 point of the baseline at every k: yes" in text
+
+  path = study.write_csv(rows, str(tmp_path / "r.csv"))
+  with open(path, encoding="utf-8") as f:
+    lines = list(csv.DictReader(f))
+  assert [line["strategy"] for line in lines] == ["baseline", "baseline", "adaptive",
+                                                   "adaptive", "none"]
+  assert lines[2]["steps_to_target"] == "60" and lines[3]["steps_to_target"] == ""
+
+
+def test_study_figures_are_written(tmp_path):
+  pytest.importorskip("matplotlib")
+  from dateopt import plots
+  summary = study.summarize(_rows())
+  for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+    path = draw(summary, str(tmp_path / f"{draw.__name__}.png"), noise_scale=300.0)
+    assert os.path.getsize(path) > 5000
+  path = plots.plot_accuracy_vs_batch(summary, str(tmp_path / "acc.png"))
+  assert os.path.getsize(path) > 5000
+
+
+def _quick(outdir):
+  return subprocess.run(
+      [sys.executable, os.path.join(REPO, "scripts", "scaling_study.py"), "--workload", "tiny",
+       "--config", f"tiny={TINY}", "--quick", "--outdir", str(outdir), "--no-progress"],
+      capture_output=True, text=True, timeout=900, cwd=REPO,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+def test_quick_study_end_to_end_and_resumes(tmp_path):
+  out = _quick(tmp_path)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  with open(tmp_path / "results.csv", encoding="utf-8") as f:
+    lines = list(csv.DictReader(f))
+  assert sorted((line["strategy"], line["multiple"]) for line in lines) == sorted(
+      [("baseline", "1")] + [(s, "4") for s in study.STRATEGIES if s != "baseline"])
+  by_strategy = {line["strategy"]: line for line in lines}
+  assert int(by_strategy["baseline"]["steps"]) == 300  # --quick: a 300-step baseline
+  assert int(by_strategy["legw"]["steps"]) == 75  # equal epochs at 4x
+  adaptive = int(by_strategy["adaptive"]["steps"])
+  assert 75 <= adaptive < 300 and int(by_strategy["adaptive"]["predicted_steps"]) > 0
+  assert int(by_strategy["legw_date_steps"]["steps"]) == adaptive
+  for name in ("tiny_accuracy.png", "tiny_steps.png", "tiny_tradeoff.png", "results.md"):
+    assert (tmp_path / name).exists()
+  # Strict JSON rows, one per cell.
+  rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+  assert len(rows) == 7
+
+  # Resume: drop the last finished cell; only it runs again.
+  lines = (tmp_path / "cells.jsonl").read_text().splitlines(keepends=True)
+  (tmp_path / "cells.jsonl").write_text("".join(lines[:-1]))
+  out = _quick(tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  reran = [line for line in out.stdout.splitlines() if line.startswith("tiny/")]
+  assert reran == [line for line in reran if "legw_date_steps" in line] and len(reran) == 1
+  assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 7
