@@ -21,7 +21,7 @@ def get_config():
   config.model = "resnet_tiny"
   config.model_kwargs = dict(bn_group_size=16)
   config.baseline = dict(
-      batch_size=32, num_epochs=4, optimizer="lars", learning_rate=1.0, momentum=0.9,
+      batch_size=32, num_epochs=4, optimizer="lars", learning_rate=4.0, momentum=0.9,
       weight_decay=1e-4, warmup_epochs=0.04, decay="polynomial", power=2.0,
       end_value=1e-4, label_smoothing=0.1)
   config.grad_groups = 2

@@ -1,13 +1,18 @@
 """`dateopt-train --config configs/<name>.py --workdir <dir> [--config.batch_size=...]`.
 
 Thin: parses flags, joins the hosts of a multi-host run, calls
-`dateopt.train.train_and_evaluate`.
+`dateopt.train.train_and_evaluate`. A run that cannot start (a bad config
+value, missing data, a busy or read-only workdir) ends with one line
+`dateopt-train: error: ...` and status 2; a run stopped by SIGTERM or SIGINT
+with one line saying where it was saved and status 143 or 130.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -29,15 +34,36 @@ def main(argv=None):
   logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint step at INFO.
   from dateopt import train  # after flags: jax.distributed must start before devices are used.
   train.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
-  result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  try:
+    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except train.StartupError as error:
+    return _fail(f"error: {error}", 2)
+  except train.Preempted as stop:
+    return _fail(str(stop), stop.exit_code)
   import jax
   if jax.process_index() == 0:
-    summary = {"eval": result.eval_metrics, "steps_per_second": result.steps_per_second,
-               "batch_size": result.recipe.batch_size, "steps": result.steps,
-               "predicted_steps": result.predicted_steps}
-    print("final:", json.dumps(summary))
+    summary = _strict_json({"eval": result.eval_metrics,
+                            "steps_per_second": result.steps_per_second,
+                            "batch_size": result.recipe.batch_size, "steps": result.steps,
+                            "predicted_steps": result.predicted_steps})
+    print("final:", json.dumps(summary, allow_nan=False))
     with open(os.path.join(FLAGS.workdir, "final_metrics.json"), "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=2)
+      json.dump(summary, f, indent=2, allow_nan=False)
+
+
+def _strict_json(value):
+  """`value` with its non-finite floats as None: JSON has no NaN."""
+  if isinstance(value, dict):
+    return {k: _strict_json(v) for k, v in value.items()}
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def _fail(message: str, status: int) -> int:
+  """Prints `message` as one line on stderr (no traceback); the exit status."""
+  print("dateopt-train: " + " ".join(message.split()), file=sys.stderr, flush=True)
+  return status
 
 
 if __name__ == "__main__":

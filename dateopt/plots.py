@@ -87,6 +87,15 @@ def _save(fig, ax, path: str, title: str | None) -> str:
   return path
 
 
+def _batch_axis(ax, summary: Sequence[Mapping]) -> None:
+  """A log-2 batch axis ticked at the study's batch sizes, written out."""
+  batches = sorted({e["batch"] for e in summary})
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(batches, [f"{b:,}" for b in batches])
+  ax.minorticks_off()
+  ax.set_xlabel("batch size")
+
+
 def _by_strategy(summary: Sequence[Mapping], key: str) -> dict[str, list[Mapping]]:
   """{strategy: entries sorted by batch, the baseline's k = 1 entry first}; `key` must be set."""
   from dateopt.study import STRATEGIES  # pylint: disable=g-import-not-at-top
@@ -119,8 +128,7 @@ def plot_accuracy_vs_batch(summary: Sequence[Mapping], path: str, *,
   if baseline is not None:
     ax.axhspan(baseline["accuracy"] - 1.0, baseline["accuracy"], color="grey", alpha=0.15,
                label="within 1 point of the baseline")
-  ax.set_xscale("log", base=2)
-  ax.set_xlabel("batch size")
+  _batch_axis(ax, summary)
   ax.set_ylabel("final test accuracy (%)")
   return _save(fig, ax, path, title)
 
@@ -149,9 +157,8 @@ def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: 
     ax.plot(grid, [law_steps(s0, noise_scale, b0, b) for b in grid], "k--", linewidth=1.1,
             label=f"law: 1 + B_noise/B (B_noise = {noise_scale:,.0f})")
     ax.plot(grid, [s0 * b0 / b for b in grid], "k:", linewidth=1.0, label="perfect scaling")
-  ax.set_xscale("log", base=2)
   ax.set_yscale("log")
-  ax.set_xlabel("batch size")
+  _batch_axis(ax, summary)
   ax.set_ylabel("steps to the baseline's accuracy")
   return _save(fig, ax, path, title)
 

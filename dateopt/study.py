@@ -133,13 +133,21 @@ def grid(workloads: Sequence[str], *, multiples: Sequence[int] = MULTIPLES,
 def measured_noise_scales(metric_rows: Sequence[Mapping[str, Any]]) -> list[float]:
   """The B_noise values a run logged (`train/date/noise_scale`), one per log step.
 
-  inf where the signal estimate was ≤ 0; NaN (not yet measured) left out.
+  `metrics.jsonl` writes non-finite values as null. The noise scale is NaN
+  only before its first measurement (left out here) and +inf once measured
+  when the signal estimate is <= 0, so a null after the first finite value is
+  read as inf (the largest gain).
   """
   values = []
   for row in metric_rows:
-    value = row.get("train/date/noise_scale")
-    if value is not None and not math.isnan(float(value)):
-      values.append(float(value))
+    if "train/date/noise_scale" not in row:
+      continue
+    value = row["train/date/noise_scale"]
+    if value is None or math.isnan(float(value)):
+      if values:  # measured before: the signal estimate was <= 0
+        values.append(math.inf)
+      continue
+    values.append(float(value))
   return values
 
 
@@ -293,6 +301,20 @@ class Study:
           row["noise_scales"] = [math.inf if v is None else v for v in row["noise_scales"]]
           by_key[row["key"]] = row
     return list(by_key.values())
+
+  def forget(self, strategies: Sequence[str]) -> int:
+    """Drops the finished rows of `strategies` (a backup stays in cells.jsonl.bak)."""
+    for strategy in strategies:
+      check_choice("strategies", strategy, tuple(STRATEGIES))
+    rows = self.rows()
+    kept = [row for row in rows if row["strategy"] not in strategies]
+    if len(kept) < len(rows):
+      shutil.copy(self.results_path, self.results_path + ".bak")
+      tmp = self.results_path + ".tmp"
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(_strict_json(row)) + "\n" for row in kept)
+      os.replace(tmp, self.results_path)
+    return len(rows) - len(kept)
 
   def run(self, cells: Sequence[Cell], *, progress: bool = True) -> list[dict[str, Any]]:
     """Runs the unfinished `cells` in order; returns every finished row."""

@@ -39,6 +39,11 @@ def parse_args(argv=None):
   parser.add_argument("--outdir", default="runs/scaling_study")
   parser.add_argument("--multiples", default="1,2,4,8,16,32,64")
   parser.add_argument("--seeds", type=int, default=3, help="seeds of the baseline and DATE")
+  parser.add_argument("--strategies", default=None,
+                      help="comma-separated subset of the grid's strategies (default: all)")
+  parser.add_argument("--rerun", default="",
+                      help="comma-separated strategies whose finished runs are dropped and run "
+                           "again (after a change to DATE, say)")
   parser.add_argument("--quick", action="store_true",
                       help=f"batches B0·{QUICK_MULTIPLES}, 1 seed, a {QUICK_BASE_STEPS}-step "
                            "baseline: a smoke test of the whole pipeline")
@@ -118,9 +123,13 @@ def main(argv=None):
   if args.quick:
     for name, config in configs.items():
       shrink_in_time(config, QUICK_BASE_STEPS, runner.num_train_examples(name))
+  if args.rerun:
+    dropped = runner.forget([s for s in args.rerun.split(",") if s])
+    print(f"dropped {dropped} finished runs of {args.rerun} (kept in cells.jsonl.bak)")
   started = time.perf_counter()
   if not args.report_only:
-    cells = study.grid(list(configs), multiples=multiples, seeds=seeds)
+    strategies = args.strategies.split(",") if args.strategies else tuple(study.STRATEGIES)
+    cells = study.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)
     runner.run(cells, progress=not args.no_progress)
   text = report(runner, args.outdir, args.figures)
   print("\n" + text)

@@ -181,3 +181,12 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   reran = [line for line in out.stdout.splitlines() if line.startswith("tiny/")]
   assert reran == [line for line in reran if "legw_date_steps" in line] and len(reran) == 1
   assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 7
+
+
+def test_measured_noise_scales_read_null_after_a_measurement_as_inf():
+  rows = [{"step": 20, "train/date/noise_scale": None},  # not measured yet (NaN)
+          {"step": 40, "train/date/noise_scale": 300.0},
+          {"step": 60, "train/date/noise_scale": None},  # signal estimate <= 0 (inf)
+          {"step": 60, "eval/accuracy": 0.5},
+          {"step": 80, "train/date/noise_scale": 200.0}]
+  assert study.measured_noise_scales(rows) == [300.0, math.inf, 200.0]

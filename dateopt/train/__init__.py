@@ -8,6 +8,7 @@ Example:
 from dateopt.train.config import default_config
 from dateopt.train.parallel import initialize_distributed, make_mesh
 from dateopt.train.polish import polish_batch_stats
+from dateopt.train.preemption import Preempted
 from dateopt.train.steps import (
     TrainState,
     create_train_state,
@@ -17,6 +18,7 @@ from dateopt.train.steps import (
 )
 from dateopt.train.trainer import (
     Experiment,
+    StartupError,
     TrainResult,
     build_experiment,
     build_optimizer,
@@ -27,6 +29,8 @@ from dateopt.train.trainer import (
 
 __all__ = [
     "Experiment",
+    "Preempted",
+    "StartupError",
     "TrainResult",
     "TrainState",
     "build_experiment",

@@ -1,16 +1,30 @@
-"""Orbax checkpoints: keep N, save every N steps and at the end, resume from the latest.
+"""Orbax checkpoints: keep N, save every N steps and at the end, resume from the newest that loads.
 
 Orbax writes each checkpoint to a temporary directory and renames it when
-complete, so a run killed mid-save resumes from the last finished one.
+complete, so a run killed mid-save resumes from the last finished one. A
+finished one can still be damaged later (a truncated copy, a deleted file, a
+full disk): `restore_or` reports it, keeps it aside, and falls back to the
+next older one.
 """
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
+
+DAMAGED_SUFFIX = ".damaged"  # not a step name to orbax, which then ignores the directory
+
+
+class NoUsableCheckpointError(RuntimeError):
+  """Checkpoints exist, but none of them loads into the state."""
 
 
 class Checkpointer:
@@ -18,30 +32,167 @@ class Checkpointer:
 
   Example:
     >>> ckpt = Checkpointer("/tmp/run/checkpoints", keep=3)
-    >>> state = ckpt.restore_or(state)     # the latest checkpoint, or `state` itself
+    >>> state = ckpt.restore_or(state)     # the newest checkpoint that loads, or `state`
     >>> ckpt.save(int(state.step), state)
+    >>> ckpt.close()
   """
 
   def __init__(self, directory: str, *, keep: int = 3):
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self.directory = os.path.abspath(directory)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+    self._quiet = _ClosedLoopNoiseFilter()
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def save(self, step: int, state: Any) -> None:
-    self._manager.save(step, args=ocp.args.StandardSave(state))
+    """Saves `state` as `step` (asynchronously; `close` waits for it)."""
+    # force: orbax would otherwise skip, without a word, a step its policy declines.
+    self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
 
   def restore_or(self, state: Any) -> Any:
-    """The latest checkpoint laid out like `state` (same shardings), or `state`."""
-    step = self.latest_step()
-    if step is None:
-      return state
+    """The newest checkpoint that loads, laid out like `state` (same shardings), or `state`.
+
+    A checkpoint that fails to load is reported (step and error) and the next
+    older one is tried. Once one loads, the damaged newer ones are renamed
+    `<step>.damaged`, never deleted: kept for a look, and out of the way of
+    the saves of those steps to come.
+
+    Raises:
+      NoUsableCheckpointError: there are checkpoints but none loads; then
+        nothing is renamed (a changed config is likelier than all of them
+        damaged).
+    """
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    failures = []
+    self._quiet.install()
+    for step in sorted(self._manager.all_steps(), reverse=True):
+      restored, reason = self._try_restore(step, abstract)
+      if reason is None:
+        self._set_aside([failed for failed, _ in failures])
+        if not failures:  # else late callbacks of a failed restore may still come
+          self._quiet.uninstall()
+        return restored
+      logging.warning("checkpoint of step %d in %s does not load (%s); trying an older one.",
+                      step, self.directory, reason)
+      failures.append((step, reason))
+    if failures:
+      reasons = "; ".join(f"step {step}: {reason}" for step, reason in failures)
+      raise NoUsableCheckpointError(
+          f"no checkpoint in {self.directory} loads ({reasons}). If the config changed, use a "
+          f"new --workdir; to start over here, move {self.directory} away.")
+    self._quiet.uninstall()
+    return state
+
+  def _try_restore(self, step: int, abstract: Any) -> tuple[Any, str | None]:
+    """(the restored state, None), or (None, why it failed here or on another process)."""
+    restored, reason = None, None
+    try:
+      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception as error:  # orbax and tensorstore raise many kinds, even bare Exception
+      reason = _why(error, os.path.join(self.directory, str(step)))
+    if reason is not None:
+      self._reopen()  # a failed restore can leave the manager's async machinery unusable
+      gc.collect()  # its abandoned reads end now, while the noise filter is on
+    loaded_everywhere = _on_every_process(reason is None)  # every process must ask
+    if reason is None and not loaded_everywhere:
+      reason = "it does not load on another process"
+    return (restored, None) if reason is None else (None, reason)
+
+  def _set_aside(self, steps: list[int]) -> None:
+    """Renames the damaged `steps` out of orbax's sight (process 0, all processes done)."""
+    if not steps:
+      return
+    _sync("dateopt_checkpoint_set_aside")
+    if jax.process_index() == 0:
+      for step in steps:
+        source = os.path.join(self.directory, str(step))
+        target = _free_name(source + DAMAGED_SUFFIX)
+        os.rename(source, target)
+        logging.warning("kept the damaged checkpoint of step %d as %s.", step, target)
+    _sync("dateopt_checkpoint_set_aside_done")
+    self._reopen()  # the manager lists its steps once; it must forget the renamed ones
+
+  def _reopen(self) -> None:
+    try:
+      self._manager.close()
+    except Exception:  # pylint: disable=broad-except  # a broken manager is replaced anyway
+      pass
+    self._manager = ocp.CheckpointManager(self.directory, options=self._options)
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for the last save to finish; safe to call twice."""
+    if self._manager is not None:
+      self._manager.wait_until_finished()
+      self._manager.close()
+      self._manager = None
+    self._quiet.uninstall()
+
+
+class _ClosedLoopNoiseFilter:
+  """A `sys.unraisablehook` that drops the noise a failed orbax restore leaves behind.
+
+  When one read of a restore fails, orbax closes its event loop while the
+  other tensorstore reads are still in flight. As each ends, its callback
+  finds the loop closed ("RuntimeError: Event loop is closed"), and the
+  abandoned read coroutines fail again when collected: Python prints each
+  through `sys.unraisablehook`, a traceback per array. The failure itself is
+  reported once by `restore_or`; any other unraisable error goes to the
+  previous hook.
+  """
+
+  def __init__(self):
+    self._previous = None
+
+  def install(self) -> None:
+    if self._previous is None:
+      self._previous = sys.unraisablehook
+      sys.unraisablehook = self._hook
+
+  def uninstall(self) -> None:
+    if self._previous is not None:
+      if sys.unraisablehook == self._hook:  # leave a hook installed after ours alone
+        sys.unraisablehook = self._previous
+      self._previous = None
+
+  def _hook(self, unraisable) -> None:
+    error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+      return
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+      return  # an abandoned orbax read coroutine, collected
+    (self._previous or sys.__unraisablehook__)(unraisable)
+
+
+def _why(error: Exception, step_dir: str) -> str:
+  """The first line of a restore error, with orbax's puzzling cases said plainly."""
+  item = os.path.join(step_dir, "default")  # orbax's directory for a single unnamed item
+  if os.path.isdir(step_dir) and not os.path.isdir(item):
+    return f"its item directory {item} is missing"
+  lines = str(error).strip().splitlines()
+  first = lines[0] if lines else ""
+  if len(first) > 200:
+    first = first[:200] + "..."
+  return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _free_name(path: str) -> str:
+  """`path`, or `path-2`, `path-3`, ... the first that does not exist."""
+  candidate, n = path, 1
+  while os.path.exists(candidate):
+    n += 1
+    candidate = f"{path}-{n}"
+  return candidate
+
+
+def _on_every_process(flag: bool) -> bool:
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.process_allgather(np.int32(flag)).min())
+
+
+def _sync(name: str) -> None:
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)

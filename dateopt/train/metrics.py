@@ -24,29 +24,45 @@ def _scalar(value: Any) -> float:
 class MetricWriter:
   """Writes scalars to `workdir/metrics.jsonl` and `workdir/tensorboard/`.
 
+  `metrics.jsonl` is strict JSON, one object a line: a non-finite value (NaN:
+  no noise-scale estimate yet, a diverged loss; inf: a noise scale whose
+  signal estimate is <= 0) is written as null. A run resumed
+  from `start_step` first drops the rows a killed run wrote after that step
+  (rewriting the file atomically), then appends; a key already written at
+  `start_step` itself is not written again. Each (step, key) appears once.
+
   Example:
     >>> writer = MetricWriter("/tmp/run")
-    >>> writer.write(10, {"train/loss": 0.5})
-    >>> writer.close()
+    >>> writer.write(10, {"train/loss": 0.5, "train/noise": float("nan")})
+    >>> writer.close()  # metrics.jsonl: {"step": 10, "train/loss": 0.5, "train/noise": null}
   """
 
-  def __init__(self, workdir: str, *, enabled: bool = True):
+  def __init__(self, workdir: str, *, enabled: bool = True, start_step: int = 0):
     self.enabled = enabled
     if not enabled:
       return
     from tensorboardX import SummaryWriter  # imported here: optional at import time.
     os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
-    self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    path = os.path.join(workdir, "metrics.jsonl")
+    self._start_step = start_step
+    self._written_at_start = _keep_rows_up_to(path, start_step)
+    self._jsonl = open(path, "a", encoding="utf-8")
+    # purge_step hides the killed run's later events from TensorBoard too.
+    self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                      purge_step=start_step + 1 if start_step else None)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     if not self.enabled:
       return
     values = {k: _scalar(v) for k, v in scalars.items()}
-    self._jsonl.write(json.dumps({"step": int(step), **values}) + "\n")
+    if step == self._start_step:
+      values = {k: v for k, v in values.items() if k not in self._written_at_start}
+      if not values:
+        return
+    self._jsonl.write(_json_row({"step": int(step), **values}))
     self._jsonl.flush()
     for key, value in values.items():
-      if math.isfinite(value):  # NaN/inf (e.g. no noise-scale estimate yet) stay in the JSONL
+      if math.isfinite(value):
         self._tensorboard.add_scalar(key, value, int(step))
 
   def write_text(self, tag: str, text: str) -> None:
@@ -54,9 +70,48 @@ class MetricWriter:
       self._tensorboard.add_text(tag, f"<pre>{text}</pre>", 0)
 
   def close(self) -> None:
-    if self.enabled:
+    if self.enabled and not self._jsonl.closed:
       self._jsonl.close()
       self._tensorboard.close()
+
+
+def _json_value(value: Any) -> str:
+  """`value` as a strict JSON token: NaN and +-inf (which JSON lacks) as null."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return "null"
+  return json.dumps(value)
+
+
+def _json_row(row: Mapping[str, Any]) -> str:
+  return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in row.items()) + "}\n"
+
+
+def _keep_rows_up_to(path: str, last_step: int) -> set[str]:
+  """Rewrites `path` (atomically) with only its rows up to `last_step`, strict JSON.
+
+  Lines that do not parse (the half-written last line of a killed run) are
+  dropped too. Returns the keys the file has at `last_step`.
+  """
+  if not os.path.exists(path):
+    return set()
+  kept, keys_at_last = [], set()
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        row = json.loads(line)  # also reads the NaN literals of older files
+        step = int(row["step"])
+      except (ValueError, TypeError, KeyError):
+        continue
+      if step > last_step:
+        continue
+      kept.append(_json_row(row))
+      if step == last_step:
+        keys_at_last.update(k for k in row if k != "step")
+  staged = path + ".tmp"
+  with open(staged, "w", encoding="utf-8") as f:
+    f.writelines(kept)
+  os.replace(staged, path)
+  return keys_at_last
 
 
 class ProgressBar:
@@ -78,6 +133,7 @@ class ProgressBar:
   def close(self) -> None:
     if self._bar is not None:
       self._bar.close()
+      self._bar = None
 
 
 class StepClock:

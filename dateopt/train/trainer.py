@@ -5,7 +5,10 @@ batch size. DATE plans the large-batch recipe (printed and saved as
 `recipe.json`), builds its optimizer wrapped in the statistics tracker and the
 divergence guard, and the train step runs under `jax.jit` over a mesh of every
 device of every process. Checkpoints make a restarted run resume exactly: the
-data order and dropout keys are pure functions of (seed, step).
+data order and dropout keys are pure functions of (seed, step). A run survives
+what a cluster does to it: SIGTERM or SIGINT ends it after a checkpointed step
+(`Preempted`), a damaged checkpoint is skipped for an older one, and a
+workdir is held by one live run at a time (`workdir/run.lock`).
 
 Example:
   >>> from dateopt import train
@@ -30,14 +33,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from jax.experimental import multihost_utils
 
 from dateopt import data as data_lib
 from dateopt import date
 from dateopt import masks
 from dateopt import models
 from dateopt.train import config as config_lib
-from dateopt.train import parallel
-from dateopt.train.checkpoint import Checkpointer
+from dateopt.train import parallel, preemption, workdir_lock
+from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
 from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
 from dateopt.train.polish import polish_batch_stats
 from dateopt.train.steps import TrainState, create_train_state, eval_step, train_step
@@ -74,6 +78,13 @@ class Experiment:
 def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> None:
   if batch_size % divisor:
     raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
+
+
+def _check_keep_checkpoints(keep: Any) -> None:
+  # Orbax reads 0 as "keep none": every checkpoint would be deleted as soon as written.
+  if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+    raise ValueError(f"config.keep_checkpoints must be an int >= 1 (the newest checkpoints "
+                     f"kept); got {keep!r}.")
 
 
 def gradient_groups(config: ml_collections.ConfigDict) -> int:
@@ -155,6 +166,7 @@ def build_experiment(config: ml_collections.ConfigDict,
                      f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
   if config.measure_every_steps < 1:
     raise ValueError(f"config.measure_every_steps must be >= 1; got {config.measure_every_steps}.")
+  _check_keep_checkpoints(config.keep_checkpoints)
   if gradient_groups(config) > 1:
     _check_divisible(batch_field, recipe.batch_size, config.grad_groups, "config.grad_groups")
     _check_groups_keep_batch_norm(config, recipe.batch_size // config.grad_groups)
@@ -219,20 +231,108 @@ def _every(step: int, period: int, last: int) -> bool:
   return step == last or (period > 0 and step % period == 0)
 
 
+class StartupError(Exception):
+  """A run that cannot start, said in one line; `__cause__` keeps the original error.
+
+  Raised for a bad config field, missing dataset files, a workdir that cannot
+  be written or that another live run holds, and checkpoints none of which loads.
+  """
+
+
+@contextlib.contextmanager
+def _startup(*errors: type[Exception]):
+  """Re-raises `errors` as a StartupError with the same message."""
+  try:
+    yield
+  except errors as error:
+    raise StartupError(str(error)) from error
+
+
+def _lock_workdir(workdir: str, lead: bool) -> dict[str, Any] | None:
+  """Checks that `workdir` can be written; process 0 also takes its lock."""
+  try:
+    workdir_lock.check_writable(workdir)
+  except OSError as error:
+    raise StartupError(f"cannot write in the workdir {workdir}: "
+                       f"{error.strerror or error}.") from error
+  if not lead:
+    return None
+  with _startup(workdir_lock.WorkdirInUseError):
+    return workdir_lock.acquire(workdir)
+
+
+def _claim_workdir(workdir: str, lead: bool) -> dict[str, Any] | None:
+  """`_lock_workdir` on every process; all go on, or none does (StartupError)."""
+  lock, failure = None, None
+  try:
+    lock = _lock_workdir(workdir, lead)
+  except StartupError as error:
+    failure = error
+  failed = _failed_processes(failure is not None)
+  if failure is not None:
+    raise failure
+  if failed:  # a process starting alone would wait for the others forever
+    workdir_lock.release(lock)
+    raise StartupError(f"process {failed[0]} could not start on the workdir {workdir} "
+                       "(its log says why).")
+  return lock
+
+
+def _failed_processes(failed_here: bool) -> list[int]:
+  """The indices of the processes that failed; every process must call it."""
+  if jax.process_count() == 1:
+    return [0] if failed_here else []
+  flags = multihost_utils.process_allgather(np.int32(failed_here))
+  return [int(i) for i in np.flatnonzero(flags)]
+
+
+def _stop_and_save(stops: preemption.StopRequests, state: TrainState,
+                   checkpointer: Checkpointer | None) -> preemption.Preempted:
+  """Saves the step just taken (unless saved already); the exception that ends the run."""
+  taken = int(parallel.to_host(state.step))
+  if checkpointer is not None and checkpointer.latest_step() != taken:
+    checkpointer.save(taken, state)
+  return preemption.Preempted(stops.received, taken,
+                              checkpointer.directory if checkpointer is not None else None)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Sequence[jax.Device] | None = None) -> TrainResult:
   """Plans the recipe with DATE, trains it data-parallel, evaluates and checkpoints.
 
+  SIGTERM or SIGINT during the call ends it after the current step, which is
+  checkpointed first (with checkpointing on): the same call then resumes.
+  The previous signal handlers are back when it returns.
+
   Args:
     config: a `default_config()`-shaped ConfigDict (see `configs/`).
     workdir: checkpoints, `recipe.json`, `metrics.jsonl` and TensorBoard events;
-      a run restarted with the same workdir resumes from its latest checkpoint.
+      a run restarted with the same workdir resumes from its newest checkpoint
+      that loads. One live run per workdir (`workdir/run.lock`).
     devices: the mesh's devices (default: every device of every process).
 
   Returns:
     A `TrainResult` with the recipes, final state (NumPy) and metrics.
+
+  Raises:
+    StartupError: the run cannot start (a bad config field, missing data, an
+      unwritable or busy workdir, no checkpoint that loads).
+    Preempted: a signal stopped the run; the exception says at which step.
   """
-  exp = build_experiment(config, devices)
+  with preemption.StopRequests() as stops:
+    with _startup(ValueError, TypeError, FileNotFoundError):
+      exp = build_experiment(config, devices)
+      tx, _ = build_optimizer(config, exp.recipe)  # the LR each step applied is read from its state
+    lock = _claim_workdir(workdir, jax.process_index() == 0)
+    try:
+      return _train(exp, tx, workdir, stops)
+    finally:
+      workdir_lock.release(lock)
+
+
+def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) -> TrainResult:
+  """`train_and_evaluate` once the config is checked and the workdir is ours."""
+  config = exp.config
   lead = jax.process_index() == 0
   report = date.explain(exp.baseline, exp.recipe)
   if lead:
@@ -240,95 +340,105 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
           f"strategy {config.strategy!r}, {exp.num_train_steps} steps on {exp.mesh.size} "
           f"devices / {jax.process_count()} processes):\n{report}", flush=True)
   _save_recipes(workdir, exp, report)
-  tx, _ = build_optimizer(config, exp.recipe)  # the LR each step applied is read from its state
 
   replicated = parallel.replicated(exp.mesh)
   init = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=config.seed),
                  out_shardings=replicated)
   state = init(_example_inputs(exp.dataset))
-  checkpointer = (Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.keep_checkpoints)
-                  if config.checkpoint_every_steps >= 0 else None)
-  if checkpointer is not None:
-    state = checkpointer.restore_or(state)
-  start_step = int(parallel.to_host(state.step))
+  with contextlib.ExitStack() as cleanup:  # closed however the run ends: saves finish, rows flush
+    checkpointer = None
+    if config.checkpoint_every_steps >= 0:
+      checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"),
+                                  keep=config.keep_checkpoints)
+      cleanup.callback(checkpointer.close)
+      with _startup(NoUsableCheckpointError):
+        state = checkpointer.restore_or(state)
+    start_step = int(parallel.to_host(state.step))
+    if lead and start_step:
+      print(f"Resuming from step {start_step} (checkpoints in {checkpointer.directory}).",
+            flush=True)
 
-  step_fn = jax.jit(
-      functools.partial(train_step, model=exp.model, tx=tx,
-                        num_classes=exp.dataset.num_classes, seed=config.seed,
-                        label_smoothing=exp.recipe.label_smoothing,
-                        grad_groups=gradient_groups(config), recipe=exp.recipe),
-      out_shardings=(replicated, replicated), donate_argnums=0)
-  eval_fn = jax.jit(functools.partial(eval_step, model=exp.model,
-                                      num_classes=exp.dataset.num_classes),
-                    out_shardings=replicated)
+    step_fn = jax.jit(
+        functools.partial(train_step, model=exp.model, tx=tx,
+                          num_classes=exp.dataset.num_classes, seed=config.seed,
+                          label_smoothing=exp.recipe.label_smoothing,
+                          grad_groups=gradient_groups(config), recipe=exp.recipe),
+        out_shardings=(replicated, replicated), donate_argnums=0)
+    eval_fn = jax.jit(functools.partial(eval_step, model=exp.model,
+                                        num_classes=exp.dataset.num_classes),
+                      out_shardings=replicated)
 
-  writer = MetricWriter(workdir, enabled=lead)
-  if start_step == 0:
-    writer.write_text("recipe", report)
-  steps_per_epoch = exp.dataset.steps_per_epoch(exp.recipe.batch_size)
-  eval_every = steps_per_epoch if config.eval_every_steps < 0 else config.eval_every_steps
-  last = exp.num_train_steps
-  progress = ProgressBar(last, start_step, enabled=lead and config.progress_bar)
-  batches = exp.dataset.train_iterator(exp.recipe.batch_size, seed=config.seed,
-                                       start_step=start_step,
-                                       process_index=jax.process_index(),
-                                       process_count=jax.process_count())
-  measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
-  clock = StepClock(exp.recipe.batch_size)
-  train_metrics, eval_metrics, evaluated_at = {}, {}, None
-  step = start_step
-  for step in range(start_step + 1, last + 1):
-    logs_now = _every(step, config.log_every_steps, last)
-    record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
-    measure = np.bool_(step % config.measure_every_steps == 0) if measures else None
-    state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record,
-                             measure)
-    clock.count_step()
-    done = False
-    if logs_now:
-      logged = parallel.to_host(metrics)  # waits for the step: the clock reads true time
-      logged.update(clock.lap())
-      if exp.recipe.adaptive and logged["date/progress"] >= exp.recipe.total_steps:
-        # Covered the baseline's steps at this step, or before it (the steps since are idle).
-        done, taken = True, int(parallel.to_host(state.step))
-        if taken != step:
-          logged, step = None, taken  # an idle step's metrics: nothing to log
-      if logged is not None:
-        train_metrics = logged
-        with clock.paused():
-          writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
-          progress.update(0, loss=train_metrics["loss"],
-                          lr=train_metrics.get("learning_rate", 0.0))
-    progress.update(1)
-    evaluates = done or _every(step, eval_every, last)
-    saves = checkpointer is not None and (done or _every(step, config.checkpoint_every_steps, last))
-    if evaluates or saves:
-      with clock.paused(state):  # eval and checkpoints are not step time
-        if evaluates:
-          eval_metrics, evaluated_at = evaluate(exp, state, eval_fn), step
-          writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
-        if saves:
-          checkpointer.save(step, state)
-    if done:  # the adaptive run has covered the baseline's steps
-      break
-  jax.block_until_ready(state)
-  progress.close()
-  steps_taken = int(parallel.to_host(state.step))
-  if evaluated_at is None or steps_taken > evaluated_at:
-    eval_metrics = evaluate(exp, state, eval_fn)
-    writer.write(steps_taken, {f"eval/{k}": v for k, v in eval_metrics.items()})
+    writer = MetricWriter(workdir, enabled=lead, start_step=start_step)
+    cleanup.callback(writer.close)
+    if start_step == 0:
+      writer.write_text("recipe", report)
+    steps_per_epoch = exp.dataset.steps_per_epoch(exp.recipe.batch_size)
+    eval_every = steps_per_epoch if config.eval_every_steps < 0 else config.eval_every_steps
+    last = exp.num_train_steps
+    progress = ProgressBar(last, start_step, enabled=lead and config.progress_bar)
+    cleanup.callback(progress.close)
+    batches = exp.dataset.train_iterator(exp.recipe.batch_size, seed=config.seed,
+                                         start_step=start_step,
+                                         process_index=jax.process_index(),
+                                         process_count=jax.process_count())
+    measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
+    clock = StepClock(exp.recipe.batch_size)
+    train_metrics, eval_metrics, evaluated_at = {}, {}, None
+    step = start_step
+    for step in range(start_step + 1, last + 1):
+      logs_now = _every(step, config.log_every_steps, last)
+      record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
+      measure = np.bool_(step % config.measure_every_steps == 0) if measures else None
+      state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record,
+                               measure)
+      clock.count_step()
+      done = False
+      if logs_now:
+        logged = parallel.to_host(metrics)  # waits for the step: the clock reads true time
+        logged.update(clock.lap())
+        if exp.recipe.adaptive and logged["date/progress"] >= exp.recipe.total_steps:
+          # Covered the baseline's steps at this step, or before it (the steps since are idle).
+          done, taken = True, int(parallel.to_host(state.step))
+          if taken != step:
+            logged, step = None, taken  # an idle step's metrics: nothing to log
+        if logged is not None:
+          train_metrics = logged
+          with clock.paused():
+            writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+            progress.update(0, loss=train_metrics["loss"],
+                            lr=train_metrics.get("learning_rate", 0.0))
+      progress.update(1)
+      evaluates = done or _every(step, eval_every, last)
+      saves = checkpointer is not None and (done or _every(step, config.checkpoint_every_steps,
+                                                           last))
+      if evaluates or saves:
+        with clock.paused(state):  # eval and checkpoints are not step time
+          if evaluates:
+            eval_metrics, evaluated_at = evaluate(exp, state, eval_fn), step
+            writer.write(step, {f"eval/{k}": v for k, v in eval_metrics.items()})
+          if saves:
+            checkpointer.save(step, state)
+      if done:  # the adaptive run has covered the baseline's steps
+        break
+      if step < last and stops.should_stop(step, shares=logs_now):
+        raise _stop_and_save(stops, state, checkpointer)  # the cleanup waits for the save
+    jax.block_until_ready(state)
+    progress.close()
+    steps_taken = int(parallel.to_host(state.step))
+    if evaluated_at is None or steps_taken > evaluated_at:
+      eval_metrics = evaluate(exp, state, eval_fn)
+      writer.write(steps_taken, {f"eval/{k}": v for k, v in eval_metrics.items()})
 
-  if config.polish_batches > 0 and state.batch_stats:
-    state = polish_batch_stats(state, exp, config.polish_batches)
-    eval_metrics = {f"polished_{k}": v for k, v in evaluate(exp, state, eval_fn).items()} | eval_metrics
-    writer.write(steps_taken, {f"eval/{k}": v for k, v in eval_metrics.items()})
-  predicted = date.plan_predicted_steps(exp.recipe, config_lib.to_dict(config.plan).get("noise_scale"))
-  summary = {"steps": steps_taken, "examples": steps_taken * exp.recipe.batch_size,
-             "predicted_steps": predicted if predicted is not None else float("nan"),
-             "steps_per_second": clock.steps_per_second()}
-  writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
-  if checkpointer is not None:
-    checkpointer.close()
-  writer.close()
+    if config.polish_batches > 0 and state.batch_stats:
+      state = polish_batch_stats(state, exp, config.polish_batches)
+      polished = {f"polished_{k}": v for k, v in evaluate(exp, state, eval_fn).items()}
+      writer.write(steps_taken, {f"eval/{k}": v for k, v in polished.items()})
+      eval_metrics = polished | eval_metrics
+    predicted = date.plan_predicted_steps(exp.recipe,
+                                          config_lib.to_dict(config.plan).get("noise_scale"))
+    summary = {"steps": steps_taken, "examples": steps_taken * exp.recipe.batch_size,
+               "predicted_steps": predicted if predicted is not None else float("nan"),
+               "steps_per_second": clock.steps_per_second()}
+    writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(state), eval_metrics,
                      train_metrics, clock.steps_per_second(), steps_taken, predicted)

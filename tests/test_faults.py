@@ -1,0 +1,428 @@
+"""Runs that survive: preemption, SIGKILL, damaged checkpoints, a busy or read-only workdir,
+strict metrics, and configuration errors, met the way a user meets them (through the CLI).
+
+The subprocess runs share one JAX compilation cache, so only the first compiles: the
+others take a few seconds each.
+"""
+
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from dateopt import plots, train
+from dateopt.train import checkpoint, metrics, preemption, workdir_lock
+
+import tiny_config  # tests/tiny_config.py
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(REPO, "tests", "tiny_config.py")
+STEPS, EVERY = 300, 20
+# 20 epochs of the tiny data: the learning rate is not yet 0 at the last step, so resumed and
+# uninterrupted runs that agree at the end agreed at every step.
+RUN_FLAGS = (f"--config.num_train_steps={STEPS}", f"--config.checkpoint_every_steps={EVERY}",
+             "--config.keep_checkpoints=5", "--config.baseline.num_epochs=20")
+TIMING_KEYS = ("train/step_seconds", "train/examples_per_second", "run/steps_per_second")
+
+
+class Cli:
+  """`dateopt-train` on the tiny config in a subprocess, one CPU device, a shared cache."""
+
+  def __init__(self, cache_dir):
+    self.env = dict(os.environ, JAX_PLATFORMS="cpu",
+                    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                    JAX_COMPILATION_CACHE_DIR=str(cache_dir),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+  def command(self, workdir, *flags):
+    return [sys.executable, "-m", "dateopt.cli", "--config", TINY, "--workdir", str(workdir),
+            *RUN_FLAGS, *flags]
+
+  def run(self, workdir, *flags):
+    return subprocess.run(self.command(workdir, *flags), env=self.env, capture_output=True,
+                          text=True, timeout=300)
+
+  def start(self, workdir, *flags):
+    return subprocess.Popen(self.command(workdir, *flags), env=self.env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+  return Cli(tmp_path_factory.mktemp("compilation_cache"))
+
+
+@pytest.fixture(scope="module")
+def reference(cli, tmp_path_factory):
+  """An uninterrupted run: (workdir, its wall time in seconds)."""
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  start = time.perf_counter()
+  done = cli.run(workdir)
+  seconds = time.perf_counter() - start
+  assert done.returncode == 0, done.stderr[-3000:]
+  return workdir, seconds
+
+
+def _strict_rows(workdir):
+  """metrics.jsonl parsed as strict JSON (NaN and Infinity are not JSON)."""
+  def refuse(name):
+    raise ValueError(f"non-JSON constant {name} in metrics.jsonl")
+  with open(os.path.join(workdir, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line, parse_constant=refuse) for line in f]
+
+
+def _pairs(rows, skip=()):
+  """{(step, key): value} of the rows; fails on a (step, key) written twice."""
+  pairs = {}
+  for row in rows:
+    for key, value in row.items():
+      if key != "step" and key not in skip:
+        assert (row["step"], key) not in pairs, f"step {row['step']} {key} written twice"
+        pairs[row["step"], key] = value
+  return pairs
+
+
+def _assert_same_metrics_as(reference_dir, workdir):
+  """Every (step, key) of the uninterrupted run, once, with the same value (timing aside)."""
+  expected = _pairs(_strict_rows(reference_dir), skip=TIMING_KEYS)
+  got = _pairs(_strict_rows(workdir), skip=TIMING_KEYS)
+  assert got == expected
+
+
+def _final_params(workdir):
+  import orbax.checkpoint as ocp
+  with ocp.CheckpointManager(os.path.join(os.path.abspath(workdir), "checkpoints")) as manager:
+    step = manager.latest_step()
+    return step, manager.restore(step, args=ocp.args.StandardRestore())["params"]
+
+
+def _assert_same_final_params(reference_dir, workdir):
+  (step, expected), (resumed_step, got) = _final_params(reference_dir), _final_params(workdir)
+  assert step == resumed_step == STEPS
+  jax.tree.map(np.testing.assert_array_equal, expected, got)
+
+
+def _wait_for(condition, proc, timeout=120):
+  deadline = time.time() + timeout
+  while not condition():
+    assert proc.poll() is None, f"the run ended first: {proc.communicate()[1][-3000:]}"
+    assert time.time() < deadline, "timed out"
+    time.sleep(0.01)
+
+
+def _logged(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  return os.path.exists(path) and "train/" in open(path, encoding="utf-8").read()
+
+
+def _complete_checkpoints(workdir):
+  directory = os.path.join(workdir, "checkpoints")
+  return sorted(int(p) for p in os.listdir(directory) if p.isdigit()) if os.path.isdir(
+      directory) else []
+
+
+def _one_message(stderr):
+  lines = [line for line in stderr.splitlines() if line.startswith("dateopt-train:")]
+  assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+  return lines[0]
+
+
+# --- Preemption: SIGTERM, SIGINT, SIGKILL ------------------------------------------------
+
+def test_sigterm_saves_the_step_and_the_rerun_ends_bit_identical(cli, reference, tmp_path):
+  proc = cli.start(tmp_path)
+  _wait_for(lambda: _logged(tmp_path), proc)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  message = _one_message(stderr)
+  stopped = re.fullmatch(r"dateopt-train: preempted \(SIGTERM\) at step (\d+); checkpoint saved "
+                         r"in (\S+); rerun the same command to resume\.", message)
+  assert stopped, message
+  step = int(stopped.group(1))
+  assert 0 < step < STEPS and _complete_checkpoints(tmp_path)[-1] == step
+  assert stopped.group(2) == os.path.join(str(tmp_path), "checkpoints")
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)  # released on the way out
+  _strict_rows(tmp_path)
+
+  resumed = cli.run(tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resuming from step {step} " in resumed.stdout
+  _assert_same_final_params(reference[0], tmp_path)
+  _assert_same_metrics_as(reference[0], tmp_path)
+
+
+def test_sigint_stops_the_same_way_with_status_130(cli, tmp_path):
+  proc = cli.start(tmp_path)
+  _wait_for(lambda: _logged(tmp_path), proc)
+  proc.send_signal(signal.SIGINT)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 130, stderr[-3000:]
+  step = int(re.search(r"preempted \(SIGINT\) at step (\d+); checkpoint saved",
+                       _one_message(stderr)).group(1))
+  assert _complete_checkpoints(tmp_path)[-1] == step
+
+
+def test_sigkill_resumes_from_the_last_complete_checkpoint(cli, reference, tmp_path):
+  proc = cli.start(tmp_path)
+  _wait_for(lambda: [s for s in _complete_checkpoints(tmp_path) if s >= 2 * EVERY], proc)
+  proc.send_signal(signal.SIGKILL)
+  proc.communicate(timeout=60)
+  last = _complete_checkpoints(tmp_path)[-1]
+  assert last < STEPS
+  assert os.path.exists(tmp_path / workdir_lock.LOCK_NAME)  # nobody released it
+
+  resumed = cli.run(tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resuming from step {last} " in resumed.stdout
+  assert "stale lock" in resumed.stderr
+  _assert_same_final_params(reference[0], tmp_path)
+  _assert_same_metrics_as(reference[0], tmp_path)  # the killed run's later rows are gone
+
+
+def test_stop_requests_install_and_restore_the_handlers():
+  def previous(signum, frame):
+    raise AssertionError("the previous handler ran")
+  old = signal.signal(signal.SIGTERM, previous)
+  try:
+    with preemption.StopRequests() as stops:
+      assert signal.getsignal(signal.SIGTERM) is not previous
+      assert not stops.should_stop(1, shares=True)
+      os.kill(os.getpid(), signal.SIGTERM)
+      assert stops.received == signal.SIGTERM and stops.should_stop(2, shares=False)
+      with pytest.raises(SystemExit) as second:  # a second signal: stop now
+        os.kill(os.getpid(), signal.SIGTERM)
+      assert second.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is previous
+  finally:
+    signal.signal(signal.SIGTERM, old)
+
+
+def test_preempted_says_where_and_what_next():
+  stop = preemption.Preempted(signal.SIGINT, 57, None)
+  assert stop.exit_code == 130
+  assert str(stop) == ("preempted (SIGINT) at step 57; checkpointing is off "
+                       "(config.checkpoint_every_steps < 0), so a rerun starts over.")
+
+
+# --- Damaged checkpoints ------------------------------------------------------------------
+
+def _truncate_the_array_files(step_dir):
+  """A copy cut short: every data file of the item's OCDBT databases loses its second half."""
+  item = os.path.join(step_dir, "default")
+  for data in (os.path.join(item, "d"), os.path.join(item, "ocdbt.process_0", "d")):
+    for name in os.listdir(data):
+      path = os.path.join(data, name)
+      with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _delete_the_manifest(step_dir):
+  os.remove(os.path.join(step_dir, "default", "manifest.ocdbt"))
+
+
+def _empty_the_metadata(step_dir):
+  with open(os.path.join(step_dir, "default", "_METADATA"), "w", encoding="utf-8"):
+    pass
+
+
+def _delete_the_item_directory(step_dir):
+  shutil.rmtree(os.path.join(step_dir, "default"))
+
+
+DAMAGE = [_truncate_the_array_files, _delete_the_manifest, _empty_the_metadata,
+          _delete_the_item_directory]
+
+
+def test_damaged_checkpoints_are_reported_skipped_and_kept(cli, reference, tmp_path):
+  """Each kind of damage on one of the four newest checkpoints: the run resumes from the fifth."""
+  shutil.copytree(reference[0], tmp_path, dirs_exist_ok=True)
+  directory = tmp_path / "checkpoints"
+  steps = _complete_checkpoints(tmp_path)
+  assert steps == list(range(STEPS - 4 * EVERY, STEPS + 1, EVERY))
+  for damage, step in zip(DAMAGE, reversed(steps)):
+    damage(str(directory / str(step)))
+
+  resumed = cli.run(tmp_path)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"Resuming from step {steps[0]} " in resumed.stdout
+  assert "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+  for step in steps[1:]:
+    assert re.search(rf"checkpoint of step {step} in \S+ does not load \(.+\)", resumed.stderr)
+    assert (directory / f"{step}.damaged").is_dir()  # kept, out of the way of the new saves
+  _assert_same_final_params(reference[0], tmp_path)
+  _assert_same_metrics_as(reference[0], tmp_path)
+
+
+@pytest.fixture
+def two_checkpoints(tmp_path):
+  state = {"w": jax.numpy.arange(600.0).reshape(6, 100), "b": jax.numpy.ones(3)}
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"), keep=3)
+  for step in (1, 2):
+    ckpt.save(step, jax.tree.map(lambda x, s=step: x * s, state))
+  ckpt.close()
+  return str(tmp_path / "checkpoints"), state
+
+
+@pytest.mark.parametrize("damage", DAMAGE, ids=lambda f: f.__name__.strip("_"))
+def test_restore_or_falls_back_to_the_older_checkpoint(two_checkpoints, damage, caplog):
+  directory, state = two_checkpoints
+  damage(os.path.join(directory, "2"))
+  ckpt = checkpoint.Checkpointer(directory)
+  with caplog.at_level(logging.WARNING):
+    restored = ckpt.restore_or(state)
+  jax.tree.map(np.testing.assert_array_equal, restored, state)  # step 1 holds `state` x 1
+  assert re.search(r"checkpoint of step 2 in \S+ does not load \(.+\)", caplog.text)
+  assert ckpt.latest_step() == 1 and os.path.isdir(os.path.join(directory, "2.damaged"))
+  ckpt.save(2, state)  # the damaged step is out of the way
+  ckpt.close()
+
+
+def test_restore_or_refuses_when_no_checkpoint_loads(two_checkpoints):
+  directory, state = two_checkpoints
+  ckpt = checkpoint.Checkpointer(directory)
+  other_shape = {"w": jax.numpy.zeros((2, 2)), "b": jax.numpy.ones(3)}  # a changed config
+  with pytest.raises(checkpoint.NoUsableCheckpointError, match="step 2: .*step 1: "):
+    ckpt.restore_or(other_shape)
+  assert sorted(os.listdir(directory)) == ["1", "2"]  # nothing renamed
+  ckpt.close()
+
+
+# --- The workdir: busy, stale lock, read-only ---------------------------------------------
+
+def test_a_second_run_on_a_busy_workdir_is_refused(cli, tmp_path):
+  first = cli.start(tmp_path, "--config.num_train_steps=1000000",
+                    "--config.checkpoint_every_steps=-1")
+  try:
+    _wait_for(lambda: os.path.exists(tmp_path / workdir_lock.LOCK_NAME), first)
+    second = cli.run(tmp_path)
+    assert second.returncode == 2
+    message = _one_message(second.stderr)
+    assert message.startswith(f"dateopt-train: error: workdir {tmp_path} is in use")
+    assert f"PID {first.pid} on {socket.gethostname()}" in message
+  finally:
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+  assert first.returncode == 143 and "checkpointing is off" in _one_message(stderr)
+  assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)
+
+
+def _dead_pid():
+  proc = subprocess.Popen([sys.executable, "-c", "pass"])
+  proc.wait()
+  return proc.pid
+
+
+def test_a_stale_lock_is_cleared_with_a_warning(tmp_path, caplog):
+  stale = {"pid": _dead_pid(), "host": socket.gethostname(), "token": "old", "since": "then"}
+  (tmp_path / workdir_lock.LOCK_NAME).write_text(json.dumps(stale))
+  with caplog.at_level(logging.WARNING):
+    lock = workdir_lock.acquire(str(tmp_path))
+  assert f"PID {stale['pid']}" in caplog.text and "stale lock" in caplog.text
+  assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text())["pid"] == os.getpid()
+  workdir_lock.release(lock)
+  assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("host", ["here", "elsewhere"])
+def test_a_live_or_remote_lock_is_refused(tmp_path, host):
+  held = {"pid": os.getpid(), "host": socket.gethostname() if host == "here" else "elsewhere",
+          "token": "theirs", "since": "then"}
+  (tmp_path / workdir_lock.LOCK_NAME).write_text(json.dumps(held))
+  with pytest.raises(workdir_lock.WorkdirInUseError,
+                     match=rf"workdir {tmp_path} is in use .*PID {os.getpid()} on {held['host']}"):
+    workdir_lock.acquire(str(tmp_path))
+  assert json.loads((tmp_path / workdir_lock.LOCK_NAME).read_text()) == held
+
+
+def test_an_unwritable_workdir_fails_at_start_in_one_line(cli, tmp_path):
+  workdir = tmp_path / "read_only"
+  workdir.mkdir()
+  os.chmod(workdir, 0o500)
+  if os.access(workdir, os.W_OK):  # root writes anyway: a path under a file never can be made
+    (tmp_path / "a_file").write_text("")
+    workdir = tmp_path / "a_file" / "run"
+  try:
+    done = cli.run(workdir)
+  finally:
+    os.chmod(tmp_path / "read_only", 0o700)
+  assert done.returncode == 2
+  assert _one_message(done.stderr).startswith(
+      f"dateopt-train: error: cannot write in the workdir {workdir}: ")
+
+
+# --- Configuration errors -----------------------------------------------------------------
+
+def test_a_bad_config_value_is_one_line_with_status_2(cli, tmp_path):
+  done = cli.run(tmp_path, "--config.keep_checkpoints=0")
+  assert done.returncode == 2
+  assert _one_message(done.stderr).startswith(
+      "dateopt-train: error: config.keep_checkpoints must be an int >= 1")
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_keep_checkpoints_must_keep_one():
+  config = tiny_config.get_config()
+  config.keep_checkpoints = -1
+  with pytest.raises(ValueError, match="config.keep_checkpoints"):
+    train.build_experiment(config)
+
+
+# --- Metrics ------------------------------------------------------------------------------
+
+def test_metrics_are_strict_json_and_readers_skip_non_finite_values(tmp_path):
+  writer = metrics.MetricWriter(str(tmp_path))
+  writer.write(1, {"a": 1.0, "b": float("nan"), "c": np.float32(np.inf)})
+  writer.write(2, {"a": 2.0, "b": 0.5, "c": -np.inf})
+  writer.close()
+  text = (tmp_path / "metrics.jsonl").read_text()
+  assert "NaN" not in text and "Infinity" not in text
+  rows = _strict_rows(tmp_path)  # NaN and +-inf are null
+  assert rows == [{"step": 1, "a": 1.0, "b": None, "c": None},
+                  {"step": 2, "a": 2.0, "b": 0.5, "c": None}]
+  assert plots.read_metrics(str(tmp_path)) == rows
+  assert plots.metric_curve(rows, "b") == ([2], [0.5])
+  assert plots.metric_curve(rows, "c") == ([], [])
+
+
+def test_a_resumed_writer_drops_the_killed_runs_later_rows(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  path.write_text('{"step": 10, "train/loss": 1.0, "train/noise": NaN, "train/b": Infinity}\n'
+                  '{"step": 20, "train/loss": 0.9}\n'
+                  '{"step": 30, "train/loss": 0.8}\n'
+                  '{"step": 40, "train/lo')  # the torn last line of a killed run
+  writer = metrics.MetricWriter(str(tmp_path), start_step=20)
+  writer.write(20, {"train/loss": 0.9, "eval/accuracy": 0.5})  # train/loss is there already
+  writer.write(30, {"train/loss": 0.7})
+  writer.close()
+  assert _strict_rows(tmp_path) == [
+      {"step": 10, "train/loss": 1.0, "train/noise": None, "train/b": math.inf},
+      {"step": 20, "train/loss": 0.9},
+      {"step": 20, "eval/accuracy": 0.5},
+      {"step": 30, "train/loss": 0.7}]
+
+
+def test_logged_step_time_is_not_more_than_the_run_took(reference):
+  workdir, wall_seconds = reference
+  rows = _strict_rows(workdir)
+  timed = [(r["step"], r.get("train/step_seconds")) for r in rows if "train/loss" in r]
+  assert [s for s, _ in timed] == list(range(10, STEPS + 1, 10))
+  laps = [(step - before, seconds) for (before, _), (step, seconds) in zip(timed, timed[1:])]
+  assert all(seconds is not None and seconds > 0 for _, seconds in laps)
+  step_time = sum(n * seconds for n, seconds in laps)
+  assert step_time < wall_seconds
+  summary = next(r for r in rows if "run/steps_per_second" in r)
+  steps = sum(n for n, _ in laps)
+  assert math.isclose(summary["run/steps_per_second"], steps / step_time, rel_tol=1e-6)
