@@ -81,7 +81,7 @@ def workload_configs(args):
 
 def report(runner, outdir: str, figures: str | None) -> str:
   from dateopt import plots, study
-  rows = runner.rows()
+  rows = [row for row in runner.rows() if row["workload"] in runner.configs]
   if not rows:
     raise SystemExit(f"no finished runs in {runner.results_path}")
   summary = study.summarize(rows)
