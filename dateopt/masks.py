@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import difflib
 import re
 from typing import Any, Callable, Union
 
@@ -191,12 +192,26 @@ MaskLike = Union[None, bool, str, Mask, Callable[[Any], Any], Any]
 def from_name(name: str) -> Mask:
   """Maps a config string to a Mask: a name in NAMED_MASKS, else a regex.
 
+  A bare word close to a name (a misspelling such as "exclude_bias_and_nrom")
+  is refused rather than read as a regex that would match no parameter.
+
+  Raises:
+    ValueError: `name` is a near-miss of a name in NAMED_MASKS; the message
+      lists the names.
+
   Example:
     >>> from_name("exclude_bias_and_norm") is exclude_bias_and_norm
     True
   """
   if name in NAMED_MASKS:
     return NAMED_MASKS[name]
+  # Only a bare word can be a misspelt name; a string with regex syntax is a regex.
+  close = (difflib.get_close_matches(name, NAMED_MASKS, n=1, cutoff=0.8)
+           if re.fullmatch(r"\w+", name) else [])
+  if close:
+    raise ValueError(f"unknown mask name {name!r} (did you mean {close[0]!r}?); named masks: "
+                     f"{', '.join(sorted(NAMED_MASKS))}. For a regex on parameter paths, "
+                     f"pass dateopt.masks.regex({name!r}).")
   return regex(name)
 
 

@@ -89,6 +89,8 @@ def _check_mask_arg(mask: Any) -> None:
     raise ValueError(
         f"mask must be None, a bool, a dateopt.masks.Mask, a regex string, a callable "
         f"or a bool pytree; got {mask!r}.")
+  if isinstance(mask, str):
+    masks_lib.from_name(mask)  # a misspelt mask name fails here, at construction
 
 
 def _split_by_mask(mask: masks_lib.MaskLike, params: Any, *trees: Any):

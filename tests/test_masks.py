@@ -96,3 +96,13 @@ def test_masks_apply_under_jit_in_a_chain():
 def test_import_dateopt_does_not_load_flax_tfds_or_grain():
   assert_not_loaded("import dateopt; dateopt.lars, dateopt.schedules, dateopt.date.plan",
                     ("flax", "tensorflow_datasets", "grain", "tensorflow"))
+
+
+def test_a_misspelt_mask_name_is_refused_with_the_names():
+  with pytest.raises(ValueError, match="did you mean 'exclude_bias_and_norm'.*kernels"):
+    masks.from_name("exclude_bias_and_nrom")
+  with pytest.raises(ValueError, match="unknown mask name"):
+    dateopt.lars(0.1, weight_decay=1e-4, mask="exclude_bias_and_nrom")
+  # Regex syntax, or a word far from every name, stays a regex.
+  assert isinstance(masks.from_name(r"kernel$"), masks.Mask)
+  assert isinstance(masks.from_name("conv"), masks.Mask)
