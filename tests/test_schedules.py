@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dateopt import epochs, schedules
+from dateopt import date, epochs, schedules
 
 IMAGENET = 1_281_167
 
@@ -283,3 +283,14 @@ def test_bad_schedule_arguments_name_the_field(field, build):
 def test_docstring_examples(module):
   result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
   assert result.attempted >= 2 and result.failed == 0
+
+
+def test_an_end_value_above_the_peak_is_refused():
+  with pytest.raises(ValueError, match=r"end_value must be in \[0, 0.1\]"):
+    schedules.warmup_decay_schedule(0.1, 10, 100, "cosine", end_value=50.0)
+  with pytest.raises(ValueError, match="end_value"):
+    date.Recipe(batch_size=32, num_examples=8000, num_epochs=3, learning_rate=0.1,
+                decay="polynomial", end_value=0.5)
+  # Equal to the peak is a constant tail, not a climb.
+  assert float(schedules.warmup_decay_schedule(0.1, 10, 100, "cosine", end_value=0.1)(50)) == (
+      pytest.approx(0.1))

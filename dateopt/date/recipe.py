@@ -187,6 +187,8 @@ class Recipe:
     """Checks that involve more than one field."""
     check_range("warmup_epochs", self.warmup_epochs, low=0.0,
                 high=self.num_epochs, high_inclusive=False)
+    if self.decay in ("polynomial", "cosine", "exponential"):  # the decays that read it
+      check_range("end_value", self.end_value, low=0.0, high=self.learning_rate)
     if self.decay == "multistep":
       for i, epoch in enumerate(self.decay_epochs):
         check_range(f"decay_epochs[{i}]", epoch, low=self.warmup_epochs,
