@@ -14,15 +14,23 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 
-def _as_concrete_float(value: Any) -> float | None:
-  """Returns `value` as a float when it is a concrete scalar, else None."""
-  if isinstance(value, bool) or callable(value):
+def _as_concrete_float(name: str, value: Any) -> float | None:
+  """`value` as a float when it is a concrete real scalar; None when it cannot be
+  checked here (a schedule, a jax array or tracer); TypeError for anything else
+  (a string, a bool, a container). None is an unset optional: not checked."""
+  if value is None:
     return None
-  if isinstance(value, numbers.Number):
+  if callable(value) and not isinstance(value, (numbers.Number, np.ndarray)):
+    return None
+  if isinstance(value, numbers.Real) and not isinstance(value, bool):
     return float(value)
-  if isinstance(value, np.ndarray) and value.ndim == 0:
+  if isinstance(value, np.ndarray) and value.ndim == 0 and np.issubdtype(value.dtype,
+                                                                          np.number):
     return float(value)
-  return None  # jax arrays (possibly tracers) and anything else: not checked here.
+  if type(value).__module__.startswith("jax"):  # jax arrays, possibly traced
+    return None
+  raise TypeError(f"{name} must be a number (or a schedule); got {value!r} of type "
+                  f"{type(value).__name__}.")
 
 
 def check_range(
@@ -33,15 +41,23 @@ def check_range(
     high: float | None = None,
     low_inclusive: bool = True,
     high_inclusive: bool = True,
+    finite: bool = True,
 ) -> None:
   """Raises ValueError naming `name` when a concrete `value` is outside the range.
+
+  A non-number (a string, a list) raises TypeError; None (an unset optional)
+  is not checked; ±inf raises ValueError
+  unless `finite=False` (a hyper-parameter of inf gives NaN updates).
+  Schedules and jax arrays (possibly traced) are not checked.
 
   Example:
     >>> check_range("momentum", 0.9, low=0.0, high=1.0, high_inclusive=False)
   """
-  number = _as_concrete_float(value)
+  number = _as_concrete_float(name, value)
   if number is None:
     return
+  if finite and math.isinf(number):
+    raise ValueError(f"{name} must be finite, got {value!r}.")
   lo_ok = low is None or (number >= low if low_inclusive else number > low)
   hi_ok = high is None or (number <= high if high_inclusive else number < high)
   if math.isnan(number) or not (lo_ok and hi_ok):
@@ -60,9 +76,9 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
 
 
 def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
-  """Raises ValueError naming `name` when `value` is not an instance of `types`."""
+  """Raises TypeError naming `name` when `value` is not an instance of `types`."""
   if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
-    raise ValueError(f"{name} must be {what}; got {value!r} of type {type(value).__name__}.")
+    raise TypeError(f"{name} must be {what}; got {value!r} of type {type(value).__name__}.")
 
 
 def _as_tuple(types):

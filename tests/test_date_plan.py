@@ -72,7 +72,7 @@ def test_from_dict_rejects_unknown_keys_by_name():
     ("eps", "small"), ("mask", 0),
 ])
 def test_wrong_types_raise_naming_the_field(field, value):
-  with pytest.raises(ValueError, match=field):
+  with pytest.raises(TypeError, match=field):
     legw_baseline(**{field: value})
 
 
@@ -143,9 +143,9 @@ def test_plan_bad_input_names_the_field():
     date.plan(legw_baseline(), 4096, "cubic")
   with pytest.raises(ValueError, match="batch_size"):
     date.plan(legw_baseline(), 0)
-  with pytest.raises(ValueError, match="batch_size"):
+  with pytest.raises(TypeError, match="batch_size"):
     date.plan(legw_baseline(), 4096.0)
-  with pytest.raises(ValueError, match="baseline"):
+  with pytest.raises(TypeError, match="baseline"):
     date.plan(legw_baseline().to_dict(), 4096)
   # LEGW at 64x pushes a 5-epoch warmup past a 90-epoch run.
   with pytest.raises(ValueError, match="warmup_epochs"):

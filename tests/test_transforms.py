@@ -391,3 +391,13 @@ def test_lamb_without_bias_correction_and_clipping():
   # clipped g = [0.6, 0.8]; m = 0.1 g, v = 0.001 g², r = m/√v = (0.1/√0.001)·sign(g).
   r = 0.1 / np.sqrt(0.001) * np.ones(2)
   np.testing.assert_allclose(got["w"], -5.0 / np.linalg.norm(r) * r, rtol=1e-5)
+
+
+def test_wrong_types_and_non_finite_hyper_parameters_are_refused_at_construction():
+  with pytest.raises(TypeError, match="learning_rate must be a number"):
+    dateopt.lars("0.1")
+  with pytest.raises(ValueError, match="learning_rate must be finite"):
+    dateopt.lars(float("inf"))
+  with pytest.raises(TypeError, match="weight_decay"):
+    dateopt.lamb(1e-3, weight_decay="0.01")
+  dateopt.lars(optax.constant_schedule(0.1))  # a schedule is not checked here

@@ -291,7 +291,7 @@ def measure_noise_scale(
 def _check_law_args(noise_scale, base_batch_size, batch_size) -> float:
   if not isinstance(noise_scale, numbers.Real) or isinstance(noise_scale, bool):
     raise TypeError(f"noise_scale must be a number (examples); got {noise_scale!r}.")
-  check_range("noise_scale", noise_scale, low=0.0)
+  check_range("noise_scale", noise_scale, low=0.0, finite=False)  # inf: the gain is k
   check_range("base_batch_size", base_batch_size, low=0, low_inclusive=False)
   check_range("batch_size", batch_size, low=0, low_inclusive=False)
   return float(noise_scale)
