@@ -10,12 +10,13 @@ with one line saying where it was saved and status 143 or 130.
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from dateopt import strict_json
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
@@ -42,22 +43,13 @@ def main(argv=None):
     return _fail(str(stop), stop.exit_code)
   import jax
   if jax.process_index() == 0:
-    summary = _strict_json({"eval": result.eval_metrics,
+    summary = strict_json.sanitize({"eval": result.eval_metrics,
                             "steps_per_second": result.steps_per_second,
                             "batch_size": result.recipe.batch_size, "steps": result.steps,
                             "predicted_steps": result.predicted_steps})
     print("final:", json.dumps(summary, allow_nan=False))
     with open(os.path.join(FLAGS.workdir, "final_metrics.json"), "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=2, allow_nan=False)
-
-
-def _strict_json(value):
-  """`value` with its non-finite floats as None: JSON has no NaN."""
-  if isinstance(value, dict):
-    return {k: _strict_json(v) for k, v in value.items()}
-  if isinstance(value, float) and not math.isfinite(value):
-    return None
-  return value
 
 
 def _fail(message: str, status: int) -> int:

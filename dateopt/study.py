@@ -44,6 +44,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
+from dateopt import strict_json
+from dateopt.epochs import epochs_to_steps
 from dateopt.validation import check_choice, check_range, check_type
 
 MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
@@ -212,7 +214,7 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
   config.progress_bar = False  # the grid has its own bar
   config.checkpoint_every_steps = -1  # a finished cell is the unit of resumption
   base_batch = int(config.baseline.batch_size)
-  base_steps = num_train_examples // base_batch * float(config.baseline.num_epochs)
+  base_steps = epochs_to_steps(float(config.baseline.num_epochs), num_train_examples, base_batch)
   if cell.strategy == "baseline":
     config.batch_size = None
     expected_steps = base_steps
@@ -227,7 +229,7 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       plan["noise_scale"] = float(noise_scale)
       from dateopt import date  # pylint: disable=g-import-not-at-top
       expected_steps = date.predicted_steps(noise_scale, base_batch, config.batch_size,
-                                            int(base_steps), 0)
+                                            base_steps, 0)
     if cell.strategy == "legw_date_steps":
       if date_steps is None:
         raise ValueError(f"{cell.key}: LEGW at DATE's steps needs DATE's runs at "
@@ -312,7 +314,7 @@ class Study:
       shutil.copy(self.results_path, self.results_path + ".bak")
       tmp = self.results_path + ".tmp"
       with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(_strict_json(row)) + "\n" for row in kept)
+        f.writelines(strict_json.line(row) for row in kept)
       os.replace(tmp, self.results_path)
     return len(rows) - len(kept)
 
@@ -368,20 +370,9 @@ class Study:
   def _append(self, row: dict[str, Any]) -> None:
     os.makedirs(self.outdir, exist_ok=True)
     with open(self.results_path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(_strict_json(row)) + "\n")
+      f.write(strict_json.line(row))
       f.flush()
       os.fsync(f.fileno())
-
-
-def _strict_json(value: Any) -> Any:
-  """Non-finite floats as None (strict JSON); containers recursively."""
-  if isinstance(value, float) and not math.isfinite(value):
-    return None
-  if isinstance(value, dict):
-    return {k: _strict_json(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_strict_json(v) for v in value]
-  return value
 
 
 def _one_line(row: Mapping[str, Any]) -> str:
@@ -413,6 +404,11 @@ def baseline_target(rows: Sequence[Mapping[str, Any]], workload: str,
   return statistics.mean(accuracies) - tolerance / 100
 
 
+def _targets(rows: Sequence[Mapping[str, Any]], tolerance: float) -> dict[str, float]:
+  """{workload: `baseline_target`} for every workload of `rows`."""
+  return {w: baseline_target(rows, w, tolerance) for w in {r["workload"] for r in rows}}
+
+
 def _mean_std(values: Sequence[float]) -> tuple[float, float]:
   if not values:
     return math.nan, math.nan
@@ -428,12 +424,13 @@ def summarize(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLERANC
   target (the baseline's mean accuracy less `tolerance` points);
   `reached` counts them.
   """
+  targets = _targets(rows, tolerance)
   groups: dict[tuple, list] = {}
   for row in rows:
     groups.setdefault((row["workload"], row["strategy"], row["multiple"]), []).append(row)
   out = []
   for (workload, strategy, multiple), members in groups.items():
-    target = baseline_target(rows, workload, tolerance)
+    target = targets[workload]
     accuracy, accuracy_std = _mean_std([100 * r["final_accuracy"] for r in members])
     steps, steps_std = _mean_std([r["steps"] for r in members])
     reached = [s for s in (steps_to_target(r, target) for r in members) if s is not None]
@@ -461,12 +458,13 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: str,
               tolerance: float = BAR_TOLERANCE) -> str:
   """Every run, one line each (`CSV_COLUMNS`); returns `path`."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  targets = _targets(rows, tolerance)
   with open(path, "w", newline="", encoding="utf-8") as f:
     writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
     writer.writeheader()
     for row in sorted(rows, key=lambda r: (r["workload"], list(STRATEGIES).index(r["strategy"]),
                                            r["multiple"], r["seed"])):
-      target = baseline_target(rows, row["workload"], tolerance)
+      target = targets[row["workload"]]
       out = {column: row.get(column) for column in CSV_COLUMNS}
       out["steps_to_target"] = steps_to_target(row, target)
       writer.writerow(out)

@@ -16,6 +16,8 @@ import jax
 
 import numpy as np
 
+from dateopt import strict_json
+
 
 def _scalar(value: Any) -> float:
   return float(np.asarray(value))
@@ -59,7 +61,7 @@ class MetricWriter:
       values = {k: v for k, v in values.items() if k not in self._written_at_start}
       if not values:
         return
-    self._jsonl.write(_json_row({"step": int(step), **values}))
+    self._jsonl.write(strict_json.line({"step": int(step), **values}))
     self._jsonl.flush()
     for key, value in values.items():
       if math.isfinite(value):
@@ -73,17 +75,6 @@ class MetricWriter:
     if self.enabled and not self._jsonl.closed:
       self._jsonl.close()
       self._tensorboard.close()
-
-
-def _json_value(value: Any) -> str:
-  """`value` as a strict JSON token: NaN and +-inf (which JSON lacks) as null."""
-  if isinstance(value, float) and not math.isfinite(value):
-    return "null"
-  return json.dumps(value)
-
-
-def _json_row(row: Mapping[str, Any]) -> str:
-  return "{" + ", ".join(f"{json.dumps(k)}: {_json_value(v)}" for k, v in row.items()) + "}\n"
 
 
 def _keep_rows_up_to(path: str, last_step: int) -> set[str]:
@@ -104,7 +95,7 @@ def _keep_rows_up_to(path: str, last_step: int) -> set[str]:
         continue
       if step > last_step:
         continue
-      kept.append(_json_row(row))
+      kept.append(strict_json.line(row))
       if step == last_step:
         keys_at_last.update(k for k in row if k != "step")
   staged = path + ".tmp"
