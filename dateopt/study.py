@@ -329,17 +329,43 @@ class Study:
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="run",
                disable=not progress, dynamic_ncols=True)
     for cell in todo:
-      if cell.key in {row["key"] for row in self.rows()}:  # another process finished it
+      claim = self._claim(cell)
+      if claim is None:  # another process runs it
+        bar.write(f"{cell.key}: skipped, another process is running it")
         bar.update(1)
         continue
-      bar.set_description(cell.key)
-      workdir = os.path.join(self.outdir, "runs", cell.key.replace("/", "_"))
-      row = run_cell(cell, self.config_for(cell), workdir)
-      self._append(row)
+      try:
+        if cell.key in {row["key"] for row in self.rows()}:  # another process finished it
+          bar.update(1)
+          continue
+        bar.set_description(cell.key)
+        row = run_cell(cell, self.config_for(cell), self.workdir(cell))
+        self._append(row)
+      finally:
+        _release(claim)
       bar.write(_one_line(row))
       bar.update(1)
     bar.close()
     return self.rows()
+
+  def workdir(self, cell: Cell) -> str:
+    """The cell's run folder: its recipe, metrics and TensorBoard events."""
+    return os.path.join(self.outdir, "runs", cell.key.replace("/", "_"))
+
+  def _claim(self, cell: Cell) -> dict[str, Any] | None:
+    """Takes the cell for this process (None: a live process has it).
+
+    Studies sharing an outdir then split its cells: `run_cell` wipes the
+    workdir it starts in, which must never be another process's live run. A
+    claim left by a killed process is cleared (see `workdir_lock`).
+    """
+    from dateopt.train import workdir_lock  # pylint: disable=g-import-not-at-top
+    claim_dir = os.path.join(self.outdir, "claims", cell.key.replace("/", "_"))
+    os.makedirs(claim_dir, exist_ok=True)
+    try:
+      return workdir_lock.acquire(claim_dir)
+    except workdir_lock.WorkdirInUseError:
+      return None
 
   def config_for(self, cell: Cell) -> ml_collections.ConfigDict:
     """The cell's config, with the baseline's noise scale and DATE's steps it depends on."""
@@ -376,6 +402,11 @@ class Study:
       f.write(strict_json.line(row))
       f.flush()
       os.fsync(f.fileno())
+
+
+def _release(claim: dict[str, Any]) -> None:
+  from dateopt.train import workdir_lock  # pylint: disable=g-import-not-at-top
+  workdir_lock.release(claim)
 
 
 def _one_line(row: Mapping[str, Any]) -> str:

@@ -38,7 +38,8 @@ def parse_args(argv=None):
                       help="a workload's config file (default: configs/study_*.py)")
   parser.add_argument("--outdir", default="runs/scaling_study")
   parser.add_argument("--multiples", default="1,2,4,8,16,32,64")
-  parser.add_argument("--seeds", type=int, default=3, help="seeds of the baseline and DATE")
+  parser.add_argument("--seeds", type=int, default=3,
+                      help="how many seeds the baseline and DATE run: 0, 1, ..., N-1")
   parser.add_argument("--strategies", default=None,
                       help="comma-separated subset of the grid's strategies (default: all)")
   parser.add_argument("--rerun", default="",

@@ -180,6 +180,37 @@ def data_spy(monkeypatch):
   return calls
 
 
+@pytest.fixture
+def pipelines(monkeypatch):
+  """Every training pipeline the trainer opens: [augment, closed] for each, in order."""
+  opened = []
+  original = data_lib.Dataset.train_iterator
+
+  class Recorded:
+    def __init__(self, batches, record):
+      self._batches, self._record = batches, record
+
+    def __next__(self):
+      return next(self._batches)
+
+    def close(self):
+      self._record[1] = True
+      self._batches.close()
+
+  def spy(self, *args, **kwargs):
+    opened.append([kwargs.get("augment", True), False])
+    return Recorded(original(self, *args, **kwargs), opened[-1])
+
+  monkeypatch.setattr(data_lib.Dataset, "train_iterator", spy)
+  return opened
+
+
+def test_final_epochs_close_each_pipeline_they_leave(tmp_path, pipelines):
+  train.train_and_evaluate(_polish_config("final_epochs"), str(tmp_path))
+  # The augmented pipeline is closed at the switch, the clean one when the run ends.
+  assert pipelines == [[True, True], [False, True]]
+
+
 def _params(state):
   return jax.tree.leaves(state.params)
 

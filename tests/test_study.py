@@ -190,3 +190,28 @@ def test_measured_noise_scales_read_null_after_a_measurement_as_inf():
           {"step": 60, "eval/accuracy": 0.5},
           {"step": 80, "train/date/noise_scale": 200.0}]
   assert study.measured_noise_scales(rows) == [300.0, math.inf, 200.0]
+
+
+def test_studies_sharing_an_outdir_skip_the_cell_a_live_process_runs(tmp_path, monkeypatch):
+  from dateopt.train import workdir_lock
+  cells = study.grid(["tiny"], multiples=(1,), seeds=(0, 1))
+  ran = []
+
+  def fake_run(cell, config, workdir):
+    ran.append(cell.key)
+    return {"key": cell.key, **vars(cell), "noise_scales": [], "final_accuracy": 0.5,
+            "steps": 10, "wall_seconds": 1.0}
+
+  monkeypatch.setattr(study, "run_cell", fake_run)
+  monkeypatch.setattr(study.Study, "config_for", lambda self, cell: None)
+  runner = study.Study(str(tmp_path), {"tiny": None})
+  # A live process (this one) holds seed 0's claim: its workdir must not be touched.
+  claim_dir = tmp_path / "claims" / cells[0].key.replace("/", "_")
+  claim_dir.mkdir(parents=True)
+  held = workdir_lock.acquire(claim_dir)
+  runner.run(cells, progress=False)
+  assert ran == [cells[1].key]
+  workdir_lock.release(held)  # the claim is free again: a re-run takes the cell
+  runner.run(cells, progress=False)
+  assert ran == [cells[1].key, cells[0].key]
+  assert os.listdir(claim_dir) == []  # released

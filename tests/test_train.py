@@ -44,7 +44,10 @@ def _assert_learning(result, workdir):
   assert np.isfinite(result.train_metrics["loss"])
   assert 0.0 <= result.eval_metrics["accuracy"] <= 1.0
   with open(os.path.join(workdir, "recipe.json")) as f:
-    assert json.load(f)["planned"]["batch_size"] == result.recipe.batch_size
+    stored = json.load(f)
+  assert stored["planned"]["batch_size"] == result.recipe.batch_size
+  assert stored["polish"]["mode"] in ("none", "precise_bn", "final_epochs", "both")
+  assert not [name for name in os.listdir(workdir) if name.endswith(".tmp")]  # staged, renamed
   lines = open(os.path.join(workdir, "metrics.jsonl")).read().splitlines()
   assert any("train/date/noise_scale" in line for line in lines)
   assert any("train/examples_per_second" in line for line in lines)

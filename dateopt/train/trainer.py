@@ -236,10 +236,13 @@ def _save_recipes(workdir: str, exp: Experiment, report: str) -> None:
     return
   root = workdirs.as_path(workdir)  # local or gs://
   root.mkdir(parents=True, exist_ok=True)
-  recipes = {"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict()}
-  (root / "recipe.json").write_text(json.dumps(recipes, indent=2, default=str),
-                                    encoding="utf-8")
-  (root / "recipe.txt").write_text(report + "\n", encoding="utf-8")
+  # config.polish rides along for the record; only "planned" is checked on a restart.
+  recipes = {"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict(),
+             "polish": dict(exp.polish)}
+  # A start killed mid-write must not leave half a file for the restart to judge.
+  workdirs.write_atomically(root / recipe_record.RECIPE_FILE,
+                            json.dumps(recipes, indent=2, default=str))
+  workdirs.write_atomically(root / "recipe.txt", report + "\n")
 
 
 def make_eval_fn(exp: Experiment):
@@ -409,6 +412,13 @@ def _train_batches(exp: Experiment, start_step: int, clean: bool):
                                     process_count=jax.process_count(), augment=not clean)
 
 
+def _close_iterator(batches) -> None:
+  """Stops a batch iterator's prefetch threads (a grain iterator or a generator)."""
+  close = getattr(batches, "close", None)
+  if close is not None:
+    close()
+
+
 def _polish_at_end(exp: Experiment, state: TrainState, eval_fn, writer: MetricWriter, step: int,
                    trained: dict[str, float], before: dict[str, float] | None
                    ) -> tuple[TrainState, dict[str, float]]:
@@ -485,6 +495,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     cleanup.callback(progress.close)
     clean_data = _final_epochs_due(exp, start_step, _progress(exp, state))
     batches = _train_batches(exp, start_step, clean_data)
+    cleanup.callback(lambda: _close_iterator(batches))  # the pipeline in use when the run ends
     before_polish = None
     measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
     clock = StepClock(exp.recipe.batch_size)
@@ -543,7 +554,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
           before_polish = (eval_metrics if evaluated_at == step
                            else evaluate(exp, state, eval_fn))
           writer.write(step, {f"eval/before_polish_{k}": v for k, v in before_polish.items()})
-        del batches  # the augmented pipeline's prefetch buffers go before the clean one starts
+        _close_iterator(batches)  # its prefetch threads stop before the clean pipeline starts
         batches = _train_batches(exp, step, clean=True)
       if step < last and stops.should_stop(step, shares=logs_now):
         watch.check(int(parallel.to_host(state.step)))
