@@ -577,6 +577,90 @@ def bar_check(entries: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLER
           "steps_ratio_64x": None if at_64 is None else at_64["steps"] / baseline["steps"]}
 
 
+# --------------------------------------------------------------------------
+# Where the law's prediction goes wrong: the runs' trajectories by progress
+# --------------------------------------------------------------------------
+
+def progress_profile(metric_rows: Sequence[Mapping[str, Any]], base_steps: float,
+                     quarters: int = 4) -> dict[str, list[float]]:
+  """A run's median B_noise and train loss in each quarter of its progress.
+
+  Progress is counted in baseline steps: `train/date/progress` for DATE, the
+  step itself for the baseline. The law's prediction assumes that a large-batch
+  run sees the baseline's noise scale at the same progress; this shows whether
+  it does.
+
+  Example:
+    >>> rows = [{"step": s, "train/loss": 1.0 / s, "train/date/noise_scale": 10.0 * s}
+    ...         for s in (1, 2, 3, 4)]
+    >>> progress_profile(rows, base_steps=4)["noise_scale"]
+    [10.0, 20.0, 30.0, 40.0]
+  """
+  noise: list[list[float]] = [[] for _ in range(quarters)]
+  loss: list[list[float]] = [[] for _ in range(quarters)]
+  for row in metric_rows:
+    if "train/loss" not in row:
+      continue
+    progress = float(row.get("train/date/progress", row["step"]))
+    quarter = min(quarters - 1, max(0, math.ceil(progress / base_steps * quarters) - 1))
+    loss[quarter].append(float(row["train/loss"]))
+    value = row.get("train/date/noise_scale")
+    if value is not None and math.isfinite(float(value)):
+      noise[quarter].append(float(value))
+  median = lambda values: statistics.median(values) if values else math.nan
+  return {"noise_scale": [median(v) for v in noise], "loss": [median(v) for v in loss]}
+
+
+def profile_report(runner: "Study", rows: Sequence[Mapping[str, Any]]) -> str:
+  """Markdown: per workload, the baseline's and DATE's `progress_profile` at each k
+  (the median over seeds of each quarter's median), from the runs' `metrics.jsonl`.
+
+  Runs whose workdir is gone (a copy of `cells.jsonl` alone) are left out.
+  """
+  sections = []
+  for workload in sorted({r["workload"] for r in rows}):
+    baselines = [r for r in rows if r["workload"] == workload and r["strategy"] == "baseline"]
+    if not baselines:
+      continue
+    base_steps = statistics.mean(r["steps"] for r in baselines)
+    groups: dict[int, list[dict[str, list[float]]]] = {}
+    for row in rows:
+      if row["workload"] != workload or row["strategy"] not in ("baseline", "adaptive"):
+        continue
+      path = os.path.join(runner.workdir(Cell(workload, row["strategy"], row["multiple"],
+                                              row["seed"])), "metrics.jsonl")
+      if os.path.exists(path):
+        from dateopt import plots  # pylint: disable=g-import-not-at-top
+        groups.setdefault(row["multiple"], []).append(
+            progress_profile(plots.read_metrics(path), base_steps))
+    if groups:
+      sections.append(f"#### {workload}: by quarter of progress (baseline steps)\n\n"
+                      + _profile_table(groups))
+  return "\n\n".join(sections)
+
+
+def _profile_table(groups: Mapping[int, Sequence[Mapping[str, list[float]]]]) -> str:
+  quarters = len(next(iter(groups.values()))[0]["loss"])
+  names = [f"Q{q + 1}" for q in range(quarters)]
+  lines = ["| run | " + " | ".join(f"B_noise {n}" for n in names) + " | "
+           + " | ".join(f"loss {n}" for n in names) + " |",
+           "|---|" + "---:|" * (2 * quarters)]
+  for k in sorted(groups):
+    profiles = groups[k]
+    mean = lambda key, q: finite_median(p[key][q] for p in profiles)
+    label = "baseline (1x)" if k == 1 else f"DATE {k}x"
+    lines.append(f"| {label}, {len(profiles)} seeds | "
+                 + " | ".join(_number(mean("noise_scale", q), ",.0f") for q in range(quarters))
+                 + " | " + " | ".join(_number(mean("loss", q), ".3f") for q in range(quarters))
+                 + " |")
+  return ("Median gradient noise scale B_noise (examples) and train loss in each quarter "
+          "of the progress (the median over seeds).\n\n" + "\n".join(lines))
+
+
+def _number(value: float, spec: str) -> str:
+  return format(value, spec) if math.isfinite(value) else "–"
+
+
 def _bar_lines(entries: Sequence[Mapping[str, Any]], tolerance: float) -> str:
   if not any(e["strategy"] == "adaptive" for e in entries):
     return ""

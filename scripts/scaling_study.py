@@ -90,6 +90,9 @@ def report(runner, outdir: str, figures: str | None) -> str:
   text = study.markdown_report(summary)
   machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
   import jax
+  profiles = study.profile_report(runner, rows)
+  if profiles:
+    text += "\n\n" + profiles
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")

@@ -169,6 +169,7 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   assert int(by_strategy["legw_date_steps"]["steps"]) == adaptive
   for name in ("tiny_accuracy.png", "tiny_steps.png", "tiny_tradeoff.png", "results.md"):
     assert (tmp_path / name).exists()
+  assert "tiny: by quarter of progress" in (tmp_path / "results.md").read_text()
   # Strict JSON rows, one per cell.
   rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
   assert len(rows) == 7
@@ -215,3 +216,49 @@ def test_studies_sharing_an_outdir_skip_the_cell_a_live_process_runs(tmp_path, m
   runner.run(cells, progress=False)
   assert ran == [cells[1].key, cells[0].key]
   assert os.listdir(claim_dir) == []  # released
+
+
+def test_progress_profile_by_hand():
+  # DATE's rows are placed by progress (baseline steps), the baseline's by step.
+  rows = [{"step": 1, "train/loss": 2.0, "train/date/progress": 10.0,
+           "train/date/noise_scale": None},  # not measured yet: no B_noise
+          {"step": 2, "train/loss": 1.0, "train/date/progress": 30.0,
+           "train/date/noise_scale": 100.0},
+          {"step": 3, "train/loss": 0.5, "train/date/progress": 60.0,
+           "train/date/noise_scale": 300.0},
+          {"step": 3, "eval/accuracy": 0.9},  # not a training row
+          {"step": 4, "train/loss": 0.3, "train/date/progress": 100.0,
+           "train/date/noise_scale": 500.0}]
+  profile = study.progress_profile(rows, base_steps=100)
+  assert profile["loss"] == [2.0, 1.0, 0.5, 0.3]  # quarters (0, 25], (25, 50], (50, 75], (75, 100]
+  assert profile["noise_scale"][1:] == [100.0, 300.0, 500.0] and math.isnan(
+      profile["noise_scale"][0])
+  baseline = [{"step": s, "train/loss": 1.0 / s, "train/date/noise_scale": 10.0 * s}
+              for s in (1, 2, 3, 4, 5, 6, 7, 8)]
+  assert study.progress_profile(baseline, base_steps=8)["noise_scale"] == [15.0, 35.0, 55.0, 75.0]
+
+
+def test_profile_report_reads_each_runs_metrics(tmp_path):
+  runner = study.Study(str(tmp_path), {})
+  rows = []
+  for strategy, k, seed, scale in (("baseline", 1, 0, 1.0), ("adaptive", 4, 0, 2.0),
+                                   ("adaptive", 4, 1, 4.0), ("adaptive", 4, 2, 100.0)):
+    cell = study.Cell("tiny", strategy, k, seed)
+    rows.append({"key": cell.key, **vars(cell), "steps": 4 if k == 1 else 2})
+    os.makedirs(runner.workdir(cell))
+    with open(os.path.join(runner.workdir(cell), "metrics.jsonl"), "w") as f:
+      for step in (1, 2, 3, 4):
+        progress = {"train/date/progress": step - 0.5} if k > 1 else {}
+        f.write(json.dumps({"step": step, "train/loss": scale / step,
+                            "train/date/noise_scale": 10.0 * scale * step, **progress}) + "\n")
+  rows.append({"key": "tiny/legw/4x/seed0", "workload": "tiny", "strategy": "legw",
+               "multiple": 4, "seed": 0, "steps": 1})  # static rules are not profiled
+  lines = study.profile_report(runner, rows).splitlines()
+  table = [line for line in lines if line.startswith("| ")][1:]
+  # One row per quarter (DATE's progress 0.5, 1.5, 2.5, 3.5 of 4 baseline steps); DATE's
+  # values are the median over its 3 seeds (20, 40, 1000 -> 40 for the first quarter).
+  assert table[0] == ("| baseline (1x), 1 seeds | 10 | 20 | 30 | 40 | 1.000 | 0.500 | 0.333 "
+                      "| 0.250 |")
+  assert table[1] == ("| DATE 4x, 3 seeds | 40 | 80 | 120 | 160 | 4.000 | 2.000 | 1.333 "
+                      "| 1.000 |")
+  assert len(table) == 2
