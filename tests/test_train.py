@@ -277,3 +277,37 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
 def date_predicted(*args):
   from dateopt import date
   return date.predicted_steps(*args)
+
+
+def test_train_step_static_measure_flag_and_covered_progress():
+  """The trainer's step: a Python `measure_noise` flag computes what a traced one does; once
+  the progress covers the baseline's steps, the step changes nothing."""
+  import functools
+  import jax.numpy as jnp
+  import optax
+  from dateopt.train import steps, trainer
+  config = tiny_config.get_config()
+  config.strategy, config.grad_groups = "adaptive", 4
+  exp = trainer.build_experiment(config)
+  tx, _ = trainer.build_optimizer(config, exp.recipe)
+  state = steps.create_train_state(exp.model, tx, jnp.zeros((1,) + tuple(exp.dataset.input_shape),
+                                                            exp.dataset.input_dtype), seed=0)
+  batch = {k: jnp.asarray(v) for k, v in exp.dataset.train_batch(0, 64, seed=0).items()}
+  step = functools.partial(steps.train_step, model=exp.model, tx=tx,
+                           num_classes=exp.dataset.num_classes, seed=0,
+                           grad_groups=4, recipe=exp.recipe)
+  static = jax.jit(step, static_argnums=3)
+  traced = jax.jit(step)
+  for flag in (True, False):
+    want_state, want_metrics = traced(state, batch, None, jnp.asarray(flag))
+    got_state, got_metrics = static(state, batch, None, flag)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)  # fusion bits
+    jax.tree.map(close, got_state, want_state)
+    jax.tree.map(close, got_metrics, want_metrics)
+  assert float(got_metrics["date/progress"]) > 0
+  covered = state.replace(opt_state=optax.tree.set(
+      state.opt_state, progress=jnp.float32(exp.recipe.total_steps)))
+  idle_state, idle_metrics = static(covered, batch, None, True)
+  jax.tree.map(np.testing.assert_array_equal, idle_state, covered)
+  assert np.isnan(float(idle_metrics["loss"]))
+  assert float(idle_metrics["date/progress"]) == exp.recipe.total_steps

@@ -13,6 +13,7 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from dateopt import date
@@ -84,9 +85,13 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
 
   With `grad_groups > 1` the gradient is taken per group of the batch
   (`date.per_group_value_and_grad`), which gives the squared norms at group
-  and full batch size. `measure` (a traced bool) takes that path only on the
-  steps that measure, and the plain gradient with `date.no_measurement` on
-  the others: one compiled program, the grouping's cost paid 1 step in N.
+  and full batch size. `measure` takes that path only on the steps that
+  measure, and the plain gradient with `date.no_measurement` on the others,
+  so the grouping's cost is paid 1 step in N. A Python bool (the trainer's,
+  a static argument) picks the path while tracing: two programs. A traced
+  bool gives one program with a `lax.cond`, which XLA:CPU runs far slower: it
+  does not parallelise computations nested in control flow (a ResNet's step
+  measured 6x slower on 2 cores).
   With `grad_accum_steps` k > 1 either path runs over k micro-batches in a
   scan and averages their outputs (`accumulation.mean_over_microbatches`);
   each micro-batch holds 1/k of every group, so the group gradients, and the
@@ -104,6 +109,8 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
     return grouped()
   plain = lambda: (*plain_fn(params, batch, batch_stats),
                    date.no_measurement(batch_size // grad_groups, batch_size))
+  if isinstance(measure, (bool, np.bool_)):
+    return grouped() if measure else plain()
   return jax.lax.cond(measure, grouped, plain)
 
 
@@ -119,7 +126,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
   With `grad_groups > 1` the optimizer gets the squared gradient norms at
   group and full batch size as `grad_sq_norms=` (the gradient noise scale of
   `date.adaptive` / `date.measure_noise_scale`), on the steps where
-  `measure_noise` is true (None: every step). The loss goes to the
+  `measure_noise` is true (None: every step; pass a Python bool, static
+  under `jax.jit`, rather than a traced one: see `_gradients`). The loss goes to the
   optimizer as `value=` (for `date.divergence_guard`). `record_statistics`
   (a bool array, for a `date.track_statistics` optimizer) says whether this
   step computes the DATE statistics; None: every step. For an adaptive
@@ -137,15 +145,19 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
                             recipe=recipe, grad_accum_steps=grad_accum_steps)
   if recipe is None or not recipe.adaptive:
     return run()
-  metrics_shape = jax.eval_shape(run)[1]
-
-  def idle():  # NaN metrics (-1 for counts: NaN has no int), but the progress that stops it
-    metrics = jax.tree.map(
-        lambda s: jnp.full(s.shape, jnp.nan if jnp.issubdtype(s.dtype, jnp.inexact) else -1,
-                           s.dtype), metrics_shape)
-    return state, dict(metrics, **{"date/progress": optax.tree.get(state.opt_state, "progress")})
-
-  return jax.lax.cond(date.progress_done(state.opt_state, recipe.total_steps), idle, run)
+  new_state, metrics = run()
+  # The step is computed, then dropped when the progress was already covered: a
+  # `lax.cond` around the forward and backward passes made XLA:CPU run the ResNet's
+  # convolutions on one thread, 6x slower (nested computations are not parallelised).
+  # The trainer stops at its next check, so at most a few steps are dropped.
+  done = date.progress_done(state.opt_state, recipe.total_steps)
+  kept = jax.tree.map(lambda old, new: jnp.where(done, old, new), state, new_state)
+  # NaN metrics (-1 for counts: NaN has no int), but the progress that stops it.
+  idle = jax.tree.map(
+      lambda m: jnp.where(done, jnp.nan if jnp.issubdtype(m.dtype, jnp.inexact) else -1,
+                          m).astype(m.dtype), metrics)
+  idle["date/progress"] = optax.tree.get(kept.opt_state, "progress")
+  return kept, idle
 
 
 def _dropout_keys(step_key: jax.Array, batch_size: int, grad_groups: int,

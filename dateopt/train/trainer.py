@@ -481,7 +481,9 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
                           label_smoothing=exp.recipe.label_smoothing,
                           grad_groups=gradient_groups(config), recipe=exp.recipe,
                           grad_accum_steps=config.grad_accum_steps),
-        out_shardings=(replicated, replicated), donate_argnums=0)
+        # Whether a step measures the noise is a Python bool: two programs, no traced
+        # branch around the forward and backward passes (see `steps._gradients`).
+        static_argnums=3, out_shardings=(replicated, replicated), donate_argnums=0)
     eval_fn = make_eval_fn(exp)
 
     writer = MetricWriter(workdir, enabled=lead, start_step=start_step)
@@ -506,7 +508,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     for step in range(start_step + 1, last + 1):
       logs_now = _every(step, config.log_every_steps, last)
       record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
-      measure = np.bool_(step % config.measure_every_steps == 0) if measures else None
+      measure = step % config.measure_every_steps == 0 if measures else None
       state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record,
                                measure)
       clock.count_step()
