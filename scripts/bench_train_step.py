@@ -107,9 +107,10 @@ def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
     state = jax.jit(functools.partial(create_train_state, model, tx, seed=0))(
         batch["inputs"][:1])  # jitted: no two leaves share a buffer, so donation works
     step = jax.jit(functools.partial(train_step, model=model, tx=tx, num_classes=10, seed=0,
-                                     grad_groups=groups, recipe=recipe), donate_argnums=0)
+                                     grad_groups=groups, recipe=recipe),
+                   static_argnums=3, donate_argnums=0)  # the measure flag, as the trainer does
     pattern = [(np.bool_(i == log_every - 1) if groups else None,
-                np.bool_(i % every == 0) if groups and every > 1 else None)
+                i % every == 0 if groups and every > 1 else None)
                for i in range(log_every)]
     return step, state, pattern
 
@@ -143,9 +144,69 @@ def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
   return rows
 
 
+def _inside_cond(step, total_steps: int):
+  """`step` under `lax.cond(progress covered, idle, step)`, as the trainer had it."""
+  def wrapped(state, batch, record, measure):
+    run = lambda: step(state, batch, record, measure)
+    shapes = jax.eval_shape(run)[1]
+    idle = lambda: (state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes))
+    return jax.lax.cond(date.progress_done(state.opt_state, total_steps), idle, run)
+  return wrapped
+
+
+def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
+  """The study's ResNet (workload (b)) with LARS: the trainer's step, static LEGW vs DATE
+  adaptive, against the same steps with their branch traced into a `lax.cond` (what the
+  trainer did before: XLA:CPU runs computations nested in control flow on one thread)."""
+  from dateopt import study
+  from dateopt.train import trainer
+  config = study.load_config("configs/study_mnist1d_resnet.py")
+  config.batch_size = batch_size
+  dataset = data.get_dataset(config.dataset, **config.dataset_kwargs.to_dict())
+  batch = {k: jnp.asarray(v) for k, v in dataset.train_batch(0, batch_size, seed=0).items()}
+
+  def runner(strategy: str, measure, wrap_in_cond: bool = False):
+    config.strategy = strategy
+    exp = trainer.build_experiment(config)
+    tx, _ = trainer.build_optimizer(config, exp.recipe)
+    step = functools.partial(train_step, model=exp.model, tx=tx, num_classes=10, seed=0,
+                             grad_groups=config.grad_groups, recipe=exp.recipe)
+    if wrap_in_cond:  # the old idle branch: the whole step under a traced predicate
+      step = _inside_cond(step, exp.recipe.total_steps)
+    static = () if measure is None or not isinstance(measure, bool) else (3,)
+    jitted = jax.jit(step, static_argnums=static, donate_argnums=0)
+    state = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=0))(
+        batch["inputs"][:1])
+    return lambda state: jitted(state, batch, None, measure), state
+
+  cases = {
+      "static LEGW": runner("legw", None),
+      "DATE adaptive (the trainer's step)": runner("adaptive", None),
+      "DATE adaptive, step inside lax.cond (before)": runner("adaptive", None, True),
+      "static LEGW, a non-measuring step, static flag": runner("legw", False),
+      "static LEGW, a non-measuring step, traced flag (before)": runner("legw", np.bool_(False)),
+  }
+  states = {name: jax.block_until_ready(fn(state)[0]) for name, (fn, state) in cases.items()}
+  times = {name: [] for name in cases}
+  for _ in range(rounds):
+    for name, (fn, _) in cases.items():
+      start = time.perf_counter()
+      for _ in range(5):
+        states[name], metrics = fn(states[name])
+      jax.block_until_ready(metrics["loss"])
+      times[name].append((time.perf_counter() - start) / 5)
+  rows = [f"| study ResNet (LARS), batch {batch_size}, {rounds} rounds of 5 steps | step ms "
+          f"| examples/s |", "|---|---:|---:|"]
+  for name, t in times.items():
+    s = statistics.median(t)
+    rows.append(f"| {name} | {s * 1e3:.1f} | {batch_size / s:,.0f} |")
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--only", choices=["resnet50", "lstm", "pipeline", "watching"],
+  parser.add_argument("--only", choices=["resnet50", "lstm", "pipeline", "watching",
+                                         "control_flow"],
                       default=None)
   parser.add_argument("--resnet-batch", type=int, default=8)
   parser.add_argument("--dtype", default="float32")
@@ -155,7 +216,8 @@ def main():
   sections = {"resnet50": lambda: bench_resnet50(args.resnet_batch, args.dtype, args.rounds),
               "lstm": lambda: bench_lstms(args.rounds * 4),
               "pipeline": lambda: bench_mnist1d_pipeline(512, args.rounds * 4),
-              "watching": lambda: bench_watching(512, args.rounds * 2, (1, 4, 10))}
+              "watching": lambda: bench_watching(512, args.rounds * 2, (1, 4, 10)),
+              "control_flow": lambda: bench_control_flow(1024, args.rounds * 2)}
   for name, run in sections.items():
     if args.only in (None, name):
       print("\n".join(run()) + "\n", flush=True)
