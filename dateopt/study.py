@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import importlib.util
@@ -40,7 +41,7 @@ import os
 import shutil
 import statistics
 import time
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import ml_collections
 
@@ -329,21 +330,14 @@ class Study:
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="run",
                disable=not progress, dynamic_ncols=True)
     for cell in todo:
-      claim = self._claim(cell)
-      if claim is None:  # another process runs it
-        bar.write(f"{cell.key}: skipped, another process is running it")
-        bar.update(1)
-        continue
-      try:
-        if cell.key in {row["key"] for row in self.rows()}:  # another process finished it
-          bar.update(1)
-          continue
-        bar.set_description(cell.key)
-        row = run_cell(cell, self.config_for(cell), self.workdir(cell))
-        self._append(row)
-      finally:
-        _release(claim)
-      bar.write(_one_line(row))
+      with self._claim(cell) as claimed:
+        if not claimed:
+          bar.write(f"{cell.key}: skipped, another process is running it")
+        elif cell.key not in {row["key"] for row in self.rows()}:  # not finished meanwhile
+          bar.set_description(cell.key)
+          row = run_cell(cell, self.config_for(cell), self.workdir(cell))
+          self._append(row)
+          bar.write(_one_line(row))
       bar.update(1)
     bar.close()
     return self.rows()
@@ -352,8 +346,9 @@ class Study:
     """The cell's run folder: its recipe, metrics and TensorBoard events."""
     return os.path.join(self.outdir, "runs", cell.key.replace("/", "_"))
 
-  def _claim(self, cell: Cell) -> dict[str, Any] | None:
-    """Takes the cell for this process (None: a live process has it).
+  @contextlib.contextmanager
+  def _claim(self, cell: Cell) -> Iterator[bool]:
+    """Holds the cell for this process; yields False when a live process has it.
 
     Studies sharing an outdir then split its cells: `run_cell` wipes the
     workdir it starts in, which must never be another process's live run. A
@@ -363,9 +358,14 @@ class Study:
     claim_dir = os.path.join(self.outdir, "claims", cell.key.replace("/", "_"))
     os.makedirs(claim_dir, exist_ok=True)
     try:
-      return workdir_lock.acquire(claim_dir)
+      claim = workdir_lock.acquire(claim_dir)
     except workdir_lock.WorkdirInUseError:
-      return None
+      yield False
+      return
+    try:
+      yield True
+    finally:
+      workdir_lock.release(claim)
 
   def config_for(self, cell: Cell) -> ml_collections.ConfigDict:
     """The cell's config, with the baseline's noise scale and DATE's steps it depends on."""
@@ -402,11 +402,6 @@ class Study:
       f.write(strict_json.line(row))
       f.flush()
       os.fsync(f.fileno())
-
-
-def _release(claim: dict[str, Any]) -> None:
-  from dateopt.train import workdir_lock  # pylint: disable=g-import-not-at-top
-  workdir_lock.release(claim)
 
 
 def _one_line(row: Mapping[str, Any]) -> str:
@@ -617,6 +612,7 @@ def profile_report(runner: "Study", rows: Sequence[Mapping[str, Any]]) -> str:
 
   Runs whose workdir is gone (a copy of `cells.jsonl` alone) are left out.
   """
+  from dateopt import plots  # pylint: disable=g-import-not-at-top
   sections = []
   for workload in sorted({r["workload"] for r in rows}):
     baselines = [r for r in rows if r["workload"] == workload and r["strategy"] == "baseline"]
@@ -630,7 +626,6 @@ def profile_report(runner: "Study", rows: Sequence[Mapping[str, Any]]) -> str:
       path = os.path.join(runner.workdir(Cell(workload, row["strategy"], row["multiple"],
                                               row["seed"])), "metrics.jsonl")
       if os.path.exists(path):
-        from dateopt import plots  # pylint: disable=g-import-not-at-top
         groups.setdefault(row["multiple"], []).append(
             progress_profile(plots.read_metrics(path), base_steps))
     if groups:
@@ -647,11 +642,11 @@ def _profile_table(groups: Mapping[int, Sequence[Mapping[str, list[float]]]]) ->
            "|---|" + "---:|" * (2 * quarters)]
   for k in sorted(groups):
     profiles = groups[k]
-    mean = lambda key, q: finite_median(p[key][q] for p in profiles)
+    over_seeds = lambda key, q: finite_median(p[key][q] for p in profiles)
     label = "baseline (1x)" if k == 1 else f"DATE {k}x"
     lines.append(f"| {label}, {len(profiles)} seeds | "
-                 + " | ".join(_number(mean("noise_scale", q), ",.0f") for q in range(quarters))
-                 + " | " + " | ".join(_number(mean("loss", q), ".3f") for q in range(quarters))
+                 + " | ".join(_number(over_seeds("noise_scale", q), ",.0f") for q in range(quarters))
+                 + " | " + " | ".join(_number(over_seeds("loss", q), ".3f") for q in range(quarters))
                  + " |")
   return ("Median gradient noise scale B_noise (examples) and train loss in each quarter "
           "of the progress (the median over seeds).\n\n" + "\n".join(lines))

@@ -173,7 +173,7 @@ def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
                              grad_groups=config.grad_groups, recipe=exp.recipe)
     if wrap_in_cond:  # the old idle branch: the whole step under a traced predicate
       step = _inside_cond(step, exp.recipe.total_steps)
-    static = () if measure is None or not isinstance(measure, bool) else (3,)
+    static = (3,) if isinstance(measure, bool) else ()  # as the trainer passes it
     jitted = jax.jit(step, static_argnums=static, donate_argnums=0)
     state = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=0))(
         batch["inputs"][:1])

@@ -153,11 +153,11 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
   done = date.progress_done(state.opt_state, recipe.total_steps)
   kept = jax.tree.map(lambda old, new: jnp.where(done, old, new), state, new_state)
   # NaN metrics (-1 for counts: NaN has no int), but the progress that stops it.
-  idle = jax.tree.map(
+  reported = jax.tree.map(
       lambda m: jnp.where(done, jnp.nan if jnp.issubdtype(m.dtype, jnp.inexact) else -1,
                           m).astype(m.dtype), metrics)
-  idle["date/progress"] = optax.tree.get(kept.opt_state, "progress")
-  return kept, idle
+  reported["date/progress"] = optax.tree.get(kept.opt_state, "progress")
+  return kept, reported
 
 
 def _dropout_keys(step_key: jax.Array, batch_size: int, grad_groups: int,
