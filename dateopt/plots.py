@@ -18,6 +18,7 @@ import json
 import math
 import os
 import sys
+import statistics
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -366,4 +367,40 @@ def plot_steps_vs_examples(summary: Sequence[Mapping], path: str, *, noise_scale
   ax.set_yscale("log")
   ax.set_xlabel("examples processed to the target")
   ax.set_ylabel("steps to the target")
+  return _save(fig, ax, path, title)
+
+
+def plot_growth_pareto(rows: Sequence[Mapping], path: str, *, title: str | None = None) -> str:
+  """Steps against examples of every DATE run: fixed batches and grown ones (the Pareto picture).
+
+  One marker per run (seeds apart), labelled with its batch multiple (the
+  maximum, for a grown run); the fixed-batch runs' means are joined into
+  their frontier. A grown run below and left of it takes as few steps for
+  fewer examples than any fixed batch.
+
+  Example:
+    >>> plot_growth_pareto(study_rows, "pareto.png")
+  """
+  from dateopt.study import STRATEGIES  # pylint: disable=g-import-not-at-top
+  plt = _pyplot()
+  fig, ax = plt.subplots(figsize=(7, 4.4), dpi=120)
+  for strategy, marker in (("adaptive", "o"), ("adaptive_grow", "^")):
+    runs = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["multiple"])
+    if not runs:
+      continue
+    points = ax.scatter([r["examples"] for r in runs], [r["steps"] for r in runs], marker=marker,
+                        s=28, label=f"{STRATEGIES[strategy]} (each seed)")
+    for r in runs:
+      ax.annotate(f"{r['multiple']}x", (r["examples"], r["steps"]), textcoords="offset points",
+                  xytext=(4, 3), fontsize=7)
+    if strategy == "adaptive":  # the frontier: the fixed batches' means, in batch order
+      multiples = sorted({r["multiple"] for r in runs})
+      mean = lambda k, key: statistics.mean(r[key] for r in runs if r["multiple"] == k)
+      ax.plot([mean(k, "examples") for k in multiples], [mean(k, "steps") for k in multiples],
+              "--", color=points.get_facecolor()[0], linewidth=1.1,
+              label="fixed-batch frontier (means)")
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("training examples processed (run to its end)")
+  ax.set_ylabel("optimizer steps (run to its end)")
   return _save(fig, ax, path, title)

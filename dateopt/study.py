@@ -56,6 +56,7 @@ MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 STRATEGIES: dict[str, str] = {
     "baseline": "baseline (B0)",
     "adaptive": "DATE adaptive",
+    "adaptive_grow": "DATE adaptive, batch grown",
     "legw": "static LEGW",
     "linear": "linear + Goyal warmup",
     "sqrt": "sqrt, no LEGW warmup",
@@ -63,6 +64,8 @@ STRATEGIES: dict[str, str] = {
     "legw_date_steps": "static LEGW at DATE's steps",
 }
 STATIC_RULES = ("legw", "linear", "sqrt", "none")
+# DATE's strategies: every seed runs, and the baseline's noise scale predicts their steps.
+ADAPTIVE_STRATEGIES = ("adaptive", "adaptive_grow")
 
 # Goyal et al. 2017 warm up for 5 of ImageNet's 90 epochs; a shorter run keeps that share.
 GOYAL_WARMUP_SHARE = 5 / 90
@@ -123,7 +126,7 @@ def grid(workloads: Sequence[str], *, multiples: Sequence[int] = MULTIPLES,
       if strategy == "baseline":
         cells += [Cell(workload, strategy, 1, seed) for seed in seeds]
         continue
-      run_seeds = seeds if strategy == "adaptive" else static_seeds
+      run_seeds = seeds if strategy in ADAPTIVE_STRATEGIES else static_seeds
       cells += [Cell(workload, strategy, k, seed)
                 for k in sorted(set(multiples)) if k > 1 for seed in run_seeds]
   return cells
@@ -207,7 +210,8 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
     base: the workload's config (its `baseline` is the tuned recipe).
     cell: the run.
     num_train_examples: the dataset's training examples (epochs ↔ steps).
-    noise_scale: "adaptive": the B_noise its predicted steps come from.
+    noise_scale: "adaptive": the B_noise its predicted steps come from;
+      "adaptive_grow": the baseline's B_noise profile (its logged values).
     date_steps: "legw_date_steps": the steps to train for.
   """
   config = ml_collections.ConfigDict(base.to_dict())
@@ -222,8 +226,9 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
   else:
     config.batch_size = base_batch * cell.multiple
     expected_steps = base_steps / cell.multiple
-    config.strategy = "legw" if cell.strategy == "legw_date_steps" else cell.strategy
-    plan = {}
+    config.strategy = {"legw_date_steps": "legw",
+                       "adaptive_grow": "adaptive"}.get(cell.strategy, cell.strategy)
+    plan = {"grow_batch": True} if cell.strategy == "adaptive_grow" else {}
     if cell.strategy == "linear":
       plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
     if cell.strategy == "adaptive" and noise_scale is not None and math.isfinite(noise_scale):
@@ -231,6 +236,12 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       from dateopt import date  # pylint: disable=g-import-not-at-top
       expected_steps = date.predicted_steps(noise_scale, base_batch, config.batch_size,
                                             base_steps, 0)
+    if cell.strategy == "adaptive_grow" and noise_scale:
+      plan["noise_scale"] = [float(v) for v in noise_scale]
+      from dateopt import date  # pylint: disable=g-import-not-at-top
+      expected_steps = date.predicted_budget(
+          plan["noise_scale"], base_batch_size=base_batch, base_steps=base_steps,
+          batch_sizes=date.batch_ladder(base_batch, config.batch_size))["steps"]
     if cell.strategy == "legw_date_steps":
       if date_steps is None:
         raise ValueError(f"{cell.key}: LEGW at DATE's steps needs DATE's runs at "
@@ -258,8 +269,9 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
   return {
       "key": cell.key, **dataclasses.asdict(cell), "batch": recipe.batch_size,
       "base_batch": result.baseline.batch_size, "num_examples": recipe.num_examples,
-      "steps": result.steps, "examples": result.steps * recipe.batch_size,
-      "epochs": result.steps * recipe.batch_size / recipe.num_examples,
+      "steps": result.steps, "examples": result.examples,
+      "largest_batch": result.largest_batch_size,
+      "epochs": result.examples / recipe.num_examples,
       "predicted_steps": result.predicted_steps,
       "final_accuracy": float(result.eval_metrics["accuracy"]),
       "best_accuracy": max(eval_accuracy, default=math.nan),
@@ -371,10 +383,12 @@ class Study:
     """The cell's config, with the baseline's noise scale and DATE's steps it depends on."""
     rows = [r for r in self.rows() if r["workload"] == cell.workload]
     noise = date_steps = None
-    if cell.strategy == "adaptive":
+    if cell.strategy in ADAPTIVE_STRATEGIES:
       baselines = [r for r in rows if r["strategy"] == "baseline"]
       same_seed = [r for r in baselines if r["seed"] == cell.seed] or baselines
-      if same_seed:
+      if same_seed and cell.strategy == "adaptive_grow":
+        noise = [max(v, 1.0) for v in same_seed[0]["noise_scales"]] or None  # the profile
+      elif same_seed:
         row = same_seed[0]
         noise = effective_noise_scale(row["noise_scales"], row["base_batch"],
                                       row["base_batch"] * cell.multiple)
@@ -676,3 +690,35 @@ def _bar_lines(entries: Sequence[Mapping[str, Any]], tolerance: float) -> str:
   lines.append("- predicted steps within 25% at every k: "
                + ("yes" if not misses else f"no, off at k = {misses}"))
   return "\n".join(lines)
+
+
+def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLERANCE) -> str:
+  """Grown batches against fixed ones at the same maximum k: steps, examples, accuracy.
+
+  Per workload and k with both strategies: the means over seeds, the ratios
+  grown/fixed, and the accuracy against the baseline's (issue 18's bar reads
+  these at 64x: ≤ 1.3x the steps, ≤ 0.6x (LSTM) or 0.5x (ResNet) the examples,
+  within `tolerance` points).
+  """
+  lines = ["| workload | k | seeds | fixed steps | grown steps | steps ratio | fixed examples x B0·T0 "
+           "| grown examples x B0·T0 | examples ratio | grown accuracy vs baseline | largest batch |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  mean = lambda members, key: statistics.mean(r[key] for r in members)
+  for workload in sorted({r["workload"] for r in rows}):
+    of = lambda strategy, k=None: [r for r in rows if r["workload"] == workload
+                                   and r["strategy"] == strategy and k in (None, r["multiple"])]
+    baselines = of("baseline")
+    for k in sorted({r["multiple"] for r in of("adaptive_grow")}):
+      fixed, grown = of("adaptive", k), of("adaptive_grow", k)
+      if not fixed or not baselines:
+        continue
+      budget = baselines[0]["steps"] * baselines[0]["batch"]
+      accuracy = 100 * (mean(grown, "final_accuracy") - mean(baselines, "final_accuracy"))
+      lines.append(
+          f"| {workload} | {k} | {len(grown)} | {mean(fixed, 'steps'):,.0f} "
+          f"| {mean(grown, 'steps'):,.0f} | {mean(grown, 'steps') / mean(fixed, 'steps'):.2f} "
+          f"| {mean(fixed, 'examples') / budget:.2f} | {mean(grown, 'examples') / budget:.2f} "
+          f"| {mean(grown, 'examples') / mean(fixed, 'examples'):.2f} | {accuracy:+.2f} points "
+          f"| {max(r.get('largest_batch', r['batch']) for r in grown):,} |")
+  return "\n".join(lines) if len(lines) > 2 else ""
+

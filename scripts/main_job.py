@@ -8,7 +8,10 @@ divergence guard on everywhere, noise scale measured everywhere):
     the same epochs: You et al. SC'19);
   * `DATE adaptive {k}x`: the baseline's schedule walked at the gain measured
     from the gradient noise scale each step, stopping when it has covered the
-    baseline's steps. Its predicted steps come from the noise scale the
+    baseline's steps.
+  * `DATE adaptive, batch grown to {k}x`: the same, starting at the baseline's
+    batch and doubling it as the measured noise scale grows, up to k·B0
+    (`--grow-to`). Its predicted steps come from the noise scale the
     baseline run measured: the law's steps, Σ 1/r over the baseline's logged
     noise scales (`effective_noise_scale`).
 
@@ -35,16 +38,16 @@ from dateopt.study import effective_noise_scale, finite_median, load_config, mea
 
 
 def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
-             gain_rule: str = "linear"):
-  """(name, config) of every run: the baseline, then static and adaptive per scale."""
-  def config_for(batch_size, strategy):
+             gain_rule: str = "linear", grow_to: list[int] = ()):
+  """(name, config) of every run: the baseline, static and adaptive per scale, then grown."""
+  def config_for(batch_size, strategy, grow_batch=False):
     config = load_config(config_path)
     config.seed, config.progress_bar = seed, progress_bar
     config.checkpoint_every_steps = -1  # a comparison, not a resumable job
     config.strategy = strategy
     config.batch_size = batch_size
     if strategy == "adaptive":
-      config.plan = dict(config.plan.to_dict(), gain_rule=gain_rule)
+      config.plan = dict(config.plan.to_dict(), gain_rule=gain_rule, grow_batch=grow_batch)
     if batch_size is not None:  # ~1 eval per 15 steps: a curve without paying for eval
       config.eval_every_steps = 15
     return config
@@ -55,6 +58,9 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
   for k in scales:
     out.append((f"static LEGW {k}x", config_for(base_batch * k, "legw")))
     out.append((f"DATE adaptive {k}x{suffix}", config_for(base_batch * k, "adaptive")))
+  for k in grow_to:
+    out.append((f"DATE adaptive, batch grown to {k}x{suffix}",
+                config_for(base_batch * k, "adaptive", grow_batch=True)))
   return out
 
 
@@ -72,8 +78,11 @@ def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
   return {
       "run": name, "workdir": workdir, "batch": recipe.batch_size, "steps": result.steps,
       "predicted_steps": result.predicted_steps,
-      "examples": result.steps * recipe.batch_size,
-      "epochs": result.steps * recipe.batch_size / recipe.num_examples,
+      "examples": result.examples, "largest_batch": result.largest_batch_size,
+      "grows": recipe.grow_batch,
+      "epochs": result.examples / recipe.num_examples,
+      "examples_vs_baseline": result.examples / (result.baseline.total_steps
+                                                 * result.baseline.batch_size),
       "accuracy": result.eval_metrics["accuracy"], "wall_seconds": seconds,
       "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
       "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
@@ -83,15 +92,18 @@ def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
 
 def markdown_table(rows: list[dict]) -> str:
   baseline = rows[0]
-  lines = ["| run | batch | steps | predicted steps | examples (epochs) | eval accuracy "
-           "| wall s | steps saved vs baseline | guard skips |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| run | batch | steps | predicted steps | examples (epochs) | examples × baseline "
+           "| eval accuracy | wall s | steps saved vs baseline | guard skips |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     predicted = "" if r["predicted_steps"] is None else f"{r['predicted_steps']:,}"
     saved = "" if r is baseline else f"{1 - r['steps'] / baseline['steps']:.1%}"
+    batch = (f"{baseline['batch']:,} → {r['largest_batch']:,} (max {r['batch']:,})"
+             if r["grows"] else f"{r['batch']:,}")
     lines.append(
-        f"| {r['run']} | {r['batch']:,} | {r['steps']:,} | {predicted} "
-        f"| {r['examples']:,} ({r['epochs']:.0f}) | {100 * r['accuracy']:.2f}% "
+        f"| {r['run']} | {batch} | {r['steps']:,} | {predicted} "
+        f"| {r['examples']:,} ({r['epochs']:.0f}) | {r['examples_vs_baseline']:.2f} "
+        f"| {100 * r['accuracy']:.2f}% "
         f"| {r['wall_seconds']:.0f} | {saved} | {r['guard_skipped']} |")
   return "\n".join(lines)
 
@@ -102,6 +114,9 @@ def main():
   parser.add_argument("--workdir", default="runs/mnist1d_lstm")
   parser.add_argument("--scales", default="16",
                       help="comma-separated batch multiples of the baseline, e.g. 16,64")
+  parser.add_argument("--grow-to", default="64",
+                      help="comma-separated maxima (multiples of the baseline) of DATE runs "
+                           "whose batch grows with the noise scale; '' for none")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--gain-rule", default="linear", choices=["linear", "sqrt"],
                       help="DATE adaptive's LR rule: × r_t or × √r_t")
@@ -113,8 +128,9 @@ def main():
   scales = [int(s) for s in args.scales.split(",") if s]
   started = time.perf_counter()
   rows, measured = [], []
+  grow_to = [int(s) for s in args.grow_to.split(",") if s]
   for name, config in variants(args.config, scales, args.seed, not args.no_progress,
-                               args.gain_rule):
+                               args.gain_rule, grow_to):
     workdir = os.path.join(args.workdir, name.replace(" ", "_"))
     noise = None
     if measured and config.batch_size is not None:

@@ -93,6 +93,9 @@ def report(runner, outdir: str, figures: str | None) -> str:
   profiles = study.profile_report(runner, rows)
   if profiles:
     text += "\n\n" + profiles
+  growth = study.growth_report(rows)
+  if growth:
+    text += "\n\n### DATE adaptive, batch grown against fixed, at the same maximum\n\n" + growth
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
@@ -109,6 +112,11 @@ def report(runner, outdir: str, figures: str | None) -> str:
                                      noise_scale=noise,
                                      title=f"{workload}: DATE's steps/examples trade-off"),
     ]
+    if any(r["strategy"] == "adaptive_grow" for r in rows if r["workload"] == workload):
+      paths.append(plots.plot_growth_pareto(
+          [r for r in rows if r["workload"] == workload],
+          os.path.join(outdir, f"{workload}_pareto.png"),
+          title=f"{workload}: DATE's steps against examples, fixed and grown batches"))
     if figures:
       os.makedirs(figures, exist_ok=True)
       for path in paths:

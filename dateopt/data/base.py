@@ -11,6 +11,12 @@ Sampling: the examples are shuffled once per epoch (a permutation seeded by
 epoch is dropped. Each process takes its contiguous slice of the global batch:
 rows [p * n, (p + 1) * n) with n = global_batch_size // process_count, so the
 slices of all processes concatenate to the global batch.
+
+A batch that grows during training (DATE's growing mode) reads the same
+epoch permutations as one stream instead (`stream_batch`): a batch is the
+next `global_batch_size` examples from a position (examples served so far),
+and runs on into the next epoch's permutation when the current one ends, so
+every epoch serves each example exactly once whatever the batch sizes.
 """
 
 from __future__ import annotations
@@ -282,6 +288,55 @@ class Dataset:
                                    process_count=process_count, augment=augment)
     stop = None if num_steps is None else start_step + num_steps
     return map_in_order(make_batch, start_step, stop, self.num_threads)
+
+  def stream_batch(self, position: int, global_batch_size: int, *, seed: int,
+                   process_index: int = 0, process_count: int = 1,
+                   augment: bool | str = True) -> Batch:
+    """This process's slice of the `global_batch_size` examples from `position` of the stream.
+
+    The stream is the epoch permutations one after another: example
+    `position + i` is `epoch_permutation(seed, epoch)[offset]` with
+    (epoch, offset) = divmod(position + i, num_train_examples). A batch
+    crossing an epoch's end takes the rest of that epoch and the start of
+    the next, so nothing is skipped or repeated within an epoch whatever
+    the batch sizes. Deterministic in (seed, position, batch size, process).
+
+    Example:
+      >>> from dateopt.data import get_dataset
+      >>> ds = get_dataset("digits")
+      >>> first = ds.stream_batch(0, 64, seed=0)
+      >>> second = ds.stream_batch(64, 128, seed=0)   # the next 128 examples
+    """
+    self._check_seed_and_step(seed, position)
+    rows = process_rows(global_batch_size, process_index, process_count)
+    self.steps_per_epoch(global_batch_size)  # a batch larger than the data set is refused
+    level = augment_level(augment)
+    epoch_of, offset = np.divmod(position + np.arange(global_batch_size)[rows],
+                                 self.num_train_examples)
+    parts = []
+    for epoch in np.unique(epoch_of):  # at most two: the batch is no larger than an epoch
+      chosen = epoch_of == epoch
+      indices = epoch_permutation(self.num_train_examples, seed, int(epoch))[offset[chosen]]
+      key = None if level == "none" else AugmentKey(seed, int(epoch), level)
+      parts.append(self.train_source.gather(indices, key))
+    if len(parts) == 1:
+      return parts[0]
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+
+  def stream_iterator(self, global_batch_size: int, *, seed: int, start_position: int = 0,
+                      process_index: int = 0, process_count: int = 1,
+                      augment: bool | str = True) -> Iterator[Batch]:
+    """Yields `stream_batch` at start_position, start_position + B, ... (B: the batch), endless.
+
+    A growing run opens a new one at its position when its batch changes.
+    """
+    self.stream_batch(start_position, global_batch_size, seed=seed,
+                      process_index=process_index, process_count=process_count,
+                      augment=augment)  # bad arguments fail here, not in a prefetch thread
+    make_batch = lambda i: self.stream_batch(
+        start_position + i * global_batch_size, global_batch_size, seed=seed,
+        process_index=process_index, process_count=process_count, augment=augment)
+    return map_in_order(make_batch, 0, None, self.num_threads)
 
   def num_eval_batches(self, global_batch_size: int) -> int:
     """Global eval batches needed to cover every eval example once (last one padded)."""

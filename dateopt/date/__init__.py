@@ -20,7 +20,16 @@ Example:
   >>> adaptive_tx, base_schedule = date.build(date.plan(base, 16384, "adaptive"))
 """
 
-from dateopt.date.progress import AdaptiveState, adaptive, progress_done
+from dateopt.date.progress import (
+    GROWTH_INTERVAL,
+    AdaptiveState,
+    adaptive,
+    batch_ladder,
+    next_batch_size,
+    predicted_budget,
+    progress_done,
+    wants_next_rung,
+)
 from dateopt.date.builder import build, build_schedule, optimizer_factory
 from dateopt.date.guard import DivergenceGuardState, divergence_guard
 from dateopt.date.noise import (
@@ -51,7 +60,7 @@ from dateopt.date.planner import (
     plan,
     plan_predicted_steps,
 )
-from dateopt.date.recipe import GAIN_RULES, OPTIMIZERS, Recipe
+from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD, OPTIMIZERS, Recipe
 from dateopt.date.stats import (
     StatisticsState,
     TrainingStatistics,
@@ -67,6 +76,8 @@ __all__ = [
     "DEFAULT_PROMOTION_ANCHORS",
     "DivergenceGuardState",
     "GAIN_RULES",
+    "GROWTH_INTERVAL",
+    "GROWTH_THRESHOLD",
     "GradientSqNorms",
     "LargeBatchWarning",
     "NoiseMeasurementState",
@@ -78,6 +89,7 @@ __all__ = [
     "TrainingStatistics",
     "adascale_gain",
     "adaptive",
+    "batch_ladder",
     "build",
     "build_schedule",
     "combine_group_grads",
@@ -90,6 +102,7 @@ __all__ = [
     "grouped_value_and_grad",
     "init_noise_scale",
     "measure_noise_scale",
+    "next_batch_size",
     "no_measurement",
     "noise_estimates",
     "noise_scale",
@@ -97,10 +110,12 @@ __all__ = [
     "per_group_value_and_grad",
     "plan",
     "plan_predicted_steps",
+    "predicted_budget",
     "predicted_steps",
     "progress_done",
     "statistics",
     "track_statistics",
     "trust_ratio_summary",
     "update_noise_scale",
+    "wants_next_rung",
 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optax
 
 from dateopt import masks, schedules, transforms
-from dateopt.date.progress import adaptive
+from dateopt.date.progress import adaptive, batch_ladder
 from dateopt.date.recipe import Recipe
 from dateopt.validation import check_type
 
@@ -37,7 +37,7 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       decay_rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
 
 
-def build(recipe: Recipe, *, noise_decay: float = 0.99
+def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[int] | None = None
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
@@ -60,6 +60,9 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99
     noise_decay: adaptive recipes: the noise-scale EMA decay per measurement
       (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
       the same horizon in steps.
+    batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
+      the devices need other rungs than `batch_ladder(base, max)` (the
+      trainer passes its batch layout's). Ignored for a fixed batch.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -75,10 +78,14 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99
   schedule = build_schedule(recipe)
   make = optimizer_factory(recipe)
   if recipe.adaptive:
+    ladder = None
+    if recipe.grow_batch:
+      ladder = batch_sizes or batch_ladder(recipe.base_batch_size, recipe.batch_size)
     tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
-                  noise_decay=noise_decay)
+                  noise_decay=noise_decay, batch_sizes=ladder,
+                  growth_threshold=recipe.growth_threshold)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import statistics
 import warnings
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from dateopt import schedules
 from dateopt.date.noise import expected_efficiency, predicted_steps
-from dateopt.date.recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, Recipe
+from dateopt.date.progress import GROWTH_INTERVAL, batch_ladder, predicted_budget
+from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD, MOMENTUM_OPTIMIZERS, Recipe
 from dateopt.validation import check_choice, check_range, check_type
 
 STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
@@ -47,10 +49,12 @@ def plan(
     batch_norm: bool = True,
     promotion_anchors: Mapping[str, tuple[int, float]] | None = None,
     momentum_scaling: bool = False,
-    noise_scale: float | None = None,
+    noise_scale: float | Sequence[float] | None = None,
     critical_batch_factor: float = 4.0,
     gain_rule: str = "linear",
     linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
+    grow_batch: bool = False,
+    growth_threshold: float = GROWTH_THRESHOLD,
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
@@ -62,7 +66,11 @@ def plan(
       scales its LR by r_t (`gain_rule="linear"`) or √r_t ("sqrt"). The
       warmup is LEGW's (the baseline's warmup steps, a ramp from 0), and the
       run stops when it has covered the baseline's steps, so it chooses its
-      own budget. With `noise_scale`, the rationale predicts that budget.
+      own budget. With `grow_batch=True`, `batch_size` is the largest batch
+      (the hardware's limit): the run starts at the baseline's and doubles
+      its batch as the measured noise scale grows (`date.batch_ladder`,
+      `date.wants_next_rung`). With `noise_scale`, the rationale predicts
+      the steps, the examples and the largest batch reached.
     * "legw" (default): peak LR × √k and warmup × k epochs, the same decay over
       the same epochs (You et al., "Large-Batch Training for LSTM and Beyond",
       SC'19). The warmup lasts as many steps as the baseline's.
@@ -101,10 +109,15 @@ def plan(
     promotion_anchors: {family: (batch_size, peak_lr)}; defaults to
       `DEFAULT_PROMOTION_ANCHORS`.
     momentum_scaling: apply Smith et al.'s momentum rule.
-    noise_scale: a measured gradient noise scale B_noise, in examples.
+    noise_scale: a measured gradient noise scale B_noise, in examples; for
+      "adaptive", also a profile: B_noise at equally spaced points of the
+      baseline's run (what the baseline logged), for the budget prediction.
     critical_batch_factor: warn above this multiple of B_noise.
     gain_rule: "adaptive" only: "linear" or "sqrt" (see above).
     linear_warmup_epochs: "linear" only: the warmup's epochs (Goyal's 5).
+    grow_batch: "adaptive" only: grow the batch up to `batch_size`.
+    growth_threshold: with `grow_batch`: c of the rule "the next rung B'
+      once B' ≤ c · B_noise".
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -133,6 +146,7 @@ def plan(
   check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, "a number >= 0")
   check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
+  check_type("grow_batch", grow_batch, bool, "a bool")
   if promote is None:
     promote = strategy == "legw"
   if strategy == "adaptive":
@@ -140,7 +154,13 @@ def plan(
       raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
-                          critical_batch_factor)
+                          critical_batch_factor, grow_batch, growth_threshold)
+  if grow_batch:
+    raise ValueError(f"grow_batch=True is a rule of the 'adaptive' strategy (the measured noise "
+                     f"scale chooses the batch); got strategy={strategy!r}.")
+  if noise_scale is not None and not isinstance(noise_scale, numbers.Real):
+    raise TypeError(f"noise_scale must be a number (B_noise in examples) for strategy "
+                    f"{strategy!r}; a profile is for 'adaptive'. Got {noise_scale!r}.")
 
   k = batch_size / baseline.batch_size
   rule = _LR_RULES[strategy]
@@ -184,7 +204,8 @@ def plan(
 
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
-                   noise_scale: float | None, critical_batch_factor: float) -> Recipe:
+                   noise_scale: float | Sequence[float] | None, critical_batch_factor: float,
+                   grow_batch: bool, growth_threshold: float) -> Recipe:
   """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
   check_range("batch_size", batch_size, low=baseline.batch_size)
   k = batch_size / baseline.batch_size
@@ -202,21 +223,65 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                      f"{base_steps} steps (at most {base_steps} steps, "
                      f"at least {-(-base_steps // int(k))})"),
   }
+  if grow_batch:
+    ladder = batch_ladder(baseline.batch_size, batch_size)
+    why["batch_size"] = f"the largest batch: k = {k:g} × baseline"
+    why["warmup_epochs"] = (f"LEGW: the baseline's {warmup} steps, at the first rung, "
+                            f"a ramp from 0")
+    why["grow_batch"] = (f"start at {ladder[0]}, one rung up every {GROWTH_INTERVAL} steps "
+                         f"after the warmup while B_next ≤ {growth_threshold:g}·B_noise, never "
+                         f"down (Smith et al. 2018; McCandlish et al. 2018)")
+    why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
   if noise_scale is not None:
-    why["expected efficiency"] = _efficiency_note(
-        noise_scale, baseline.batch_size, batch_size, critical_batch_factor)
-    steps = predicted_steps(noise_scale, baseline.batch_size, batch_size, base_steps, warmup)
-    why["predicted steps"] = (f"{steps} for B_noise = {float(noise_scale):,.0f} "
-                              f"(McCandlish et al. 2018: steps ∝ 1 + B_noise/B)")
+    why.update(_budget_notes(noise_scale, baseline, batch_size, critical_batch_factor,
+                             grow_batch, growth_threshold))
   try:
     return baseline.replace(batch_size=batch_size, base_batch_size=baseline.batch_size,
-                            gain_rule=gain_rule, rationale=why)
+                            gain_rule=gain_rule, grow_batch=grow_batch,
+                            growth_threshold=growth_threshold, rationale=why)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
                      f"from batch {baseline.batch_size})") from e
 
 
-def plan_predicted_steps(recipe: Recipe, noise_scale: float | None) -> int | None:
+def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch_factor: float,
+                  grow_batch: bool, growth_threshold: float) -> dict[str, str]:
+  """The rationale's prediction rows for a measured noise scale (a number or a profile)."""
+  profile = _noise_profile(noise_scale)
+  budget = predicted_budget(
+      profile, base_batch_size=baseline.batch_size,
+      batch_sizes=batch_ladder(baseline.batch_size, batch_size) if grow_batch else (batch_size,),
+      base_steps=baseline.total_steps, warmup_steps=baseline.warmup_steps,
+      growth_threshold=growth_threshold)
+  what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
+          else f"a {len(profile)}-point B_noise profile, median {statistics.median(profile):,.0f}")
+  notes = {}
+  if len(profile) == 1 and not grow_batch:
+    notes["expected efficiency"] = _efficiency_note(
+        profile[0], baseline.batch_size, batch_size, critical_batch_factor)
+  notes["predicted steps"] = (f"{budget['steps']:,} for {what} (McCandlish et al. 2018: "
+                              f"steps ∝ 1 + B_noise/B)")
+  notes["predicted examples"] = (f"{budget['examples']:,} = "
+                                 f"{budget['examples_vs_baseline']:.2f} × the baseline's")
+  if grow_batch:
+    notes["predicted largest batch"] = f"{budget['largest_batch_size']:,}"
+  return notes
+
+
+def _noise_profile(noise_scale) -> list[float]:
+  """`noise_scale` (a number or a sequence of numbers > 0) as a list of floats."""
+  values = [noise_scale] if isinstance(noise_scale, numbers.Real) else noise_scale
+  check_type("noise_scale", values, (list, tuple), "a number or a sequence of numbers")
+  if not values:
+    raise ValueError("noise_scale: a profile needs at least one value.")
+  for value in values:
+    check_type("noise_scale", value, numbers.Real, "a number or a sequence of numbers")
+    check_range("noise_scale", value, low=0.0, low_inclusive=False, finite=False)
+  return [float(v) for v in values]
+
+
+def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | None
+                         ) -> int | None:
   """The steps `recipe` will take: its own for a static recipe, the law's when adaptive.
 
   None for an adaptive recipe without a `noise_scale` to predict from.
@@ -231,8 +296,15 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | None) -> int | Non
     return recipe.total_steps
   if noise_scale is None:
     return None
-  return predicted_steps(noise_scale, recipe.base_batch_size, recipe.batch_size,
-                         recipe.total_steps, recipe.warmup_steps)
+  profile = _noise_profile(noise_scale)
+  if len(profile) == 1 and not recipe.grow_batch:
+    return predicted_steps(profile[0], recipe.base_batch_size, recipe.batch_size,
+                           recipe.total_steps, recipe.warmup_steps)
+  ladder = (batch_ladder(recipe.base_batch_size, recipe.batch_size) if recipe.grow_batch
+            else (recipe.batch_size,))
+  return predicted_budget(profile, base_batch_size=recipe.base_batch_size, batch_sizes=ladder,
+                          base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps,
+                          growth_threshold=recipe.growth_threshold)["steps"]
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

@@ -19,6 +19,21 @@ ramp_t = min(1, (t+1)/W); it replaces the baseline's own warmup, so lr0 is
 read at max(τ, W). A step at a fraction of the target LR is credited that
 fraction of its gain.
 
+A growing batch (`batch_sizes=`, a ladder from `batch_ladder`): the run
+starts at the ladder's first rung and climbs one rung at a time as the
+measured noise scale grows, the way Smith et al. (ICLR 2018, "Don't decay the
+learning rate, increase the batch size") and McCandlish et al. (2018, the
+critical batch grows in training) suggest, and Pollux (Qiao et al., OSDI
+2021) does with AdaScale's gain. Every `growth_interval` steps after the
+warmup, the engine moves to the next rung B' when
+
+    B' ≤ growth_threshold · B_noise
+
+and never shrinks. The gain and the progress are those of the batch each step
+really had (`GradientSqNorms.big_batch_size`), so a loop that follows the
+engine late loses nothing. `next_batch_size(opt_state)` is the batch the
+engine wants for the next step.
+
 `adaptive` is a plain optax transformation: any training loop can use it,
 passing the step's `GradientSqNorms` as `update(..., grad_sq_norms=...)`, the
 way `divergence_guard` takes `value=`.
@@ -26,7 +41,8 @@ way `divergence_guard` takes `value=`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import math
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -35,11 +51,13 @@ import optax
 from dateopt.date.noise import (
     GradientSqNorms,
     NoiseScaleState,
+    adascale_gain,
     gain_from_estimates,
     init_noise_scale,
+    noise_scale,
     update_noise_scale,
 )
-from dateopt.date.recipe import GAIN_RULES
+from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD
 from dateopt.validation import check_choice, check_range
 
 
@@ -52,12 +70,74 @@ class AdaptiveState(NamedTuple):
     progress: τ, the baseline steps covered so far (float32).
     count: steps taken at the large batch (updates applied).
     noise: the gradient-noise-scale EMAs the gain comes from.
+    batch_size: the batch the engine asks for at the next step (int32): the
+      fixed batch, or the current rung of a growing one.
   """
 
   inner_state: Any
   progress: jax.Array
   count: jax.Array
   noise: NoiseScaleState
+  batch_size: jax.Array
+
+
+# Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon)
+# get a few measurements at the new batch before the next decision.
+GROWTH_INTERVAL = 20
+
+
+def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int = 1
+                 ) -> tuple[int, ...]:
+  """The rungs of a growing batch: B0 (rounded up to `multiple_of`), doubling, up to the max.
+
+  Every rung is a multiple of `multiple_of` (what the devices, gradient groups
+  and accumulation need: `dateopt.train` passes its batch layout's quantum),
+  and the last rung is `max_batch_size` itself.
+
+  Example:
+    >>> batch_ladder(32, 2048)
+    (32, 64, 128, 256, 512, 1024, 2048)
+    >>> batch_ladder(20, 96, multiple_of=8)
+    (24, 48, 96)
+  """
+  check_range("base_batch_size", base_batch_size, low=1)
+  check_range("multiple_of", multiple_of, low=1)
+  if max_batch_size % multiple_of:
+    raise ValueError(f"max_batch_size={max_batch_size} must be a multiple of {multiple_of} "
+                     f"(the batch layout's quantum).")
+  start = -(-base_batch_size // multiple_of) * multiple_of
+  check_range("max_batch_size", max_batch_size, low=start)
+  rungs = [start]
+  while 2 * rungs[-1] < max_batch_size:
+    rungs.append(2 * rungs[-1])
+  if rungs[-1] != max_batch_size:
+    rungs.append(max_batch_size)
+  return tuple(rungs)
+
+
+def wants_next_rung(count, noise_scale_now, next_batch_size, *, warmup_steps: int,
+                    growth_threshold: float = GROWTH_THRESHOLD,
+                    growth_interval: int = GROWTH_INTERVAL):
+  """The growth rule, for Python numbers or jax arrays alike (the engine and the planner).
+
+  After `count` steps: past the warmup, on a multiple of `growth_interval`,
+  and with the next rung within `growth_threshold` × B_noise (a NaN B_noise,
+  before the first measurement, never grows).
+  """
+  return ((count >= max(warmup_steps, 1)) & (count % growth_interval == 0)
+          & (noise_scale_now * growth_threshold >= next_batch_size))
+
+
+def _climb(batch_size, count, noise_state, ladder, warmup_steps, growth_threshold,
+           growth_interval):
+  """The next step's batch: one rung up when `wants_next_rung`, else the same."""
+  rungs = jnp.asarray(ladder, jnp.int32)
+  position = jnp.searchsorted(rungs, batch_size)
+  upper = rungs[jnp.minimum(position + 1, len(ladder) - 1)]
+  grow = wants_next_rung(count, noise_scale(noise_state), upper.astype(jnp.float32),
+                         warmup_steps=warmup_steps, growth_threshold=growth_threshold,
+                         growth_interval=growth_interval)
+  return jnp.where(grow, upper, batch_size)
 
 
 def _gain_multiplier(gain: jax.Array, gain_rule: str) -> jax.Array:
@@ -74,6 +154,9 @@ def adaptive(
     warmup_steps: int = 0,
     gain_rule: str = "linear",
     noise_decay: float = 0.99,
+    batch_sizes: Sequence[int] | None = None,
+    growth_threshold: float = GROWTH_THRESHOLD,
+    growth_interval: int = GROWTH_INTERVAL,
 ) -> optax.GradientTransformationExtraArgs:
   """The baseline's schedule, walked at the pace the measured noise scale allows.
 
@@ -84,7 +167,8 @@ def adaptive(
       `learning_rate`. It is wrapped in `optax.inject_hyperparams`.
     base_schedule: the baseline's LR schedule, in baseline steps.
     base_batch_size: B0, the batch the baseline was tuned at.
-    batch_size: B, the batch this run trains at (≥ B0).
+    batch_size: B, the batch this run trains at (≥ B0); with `batch_sizes`,
+      the largest (the last rung).
     base_steps: T0, the baseline's number of steps: training is done when
       the progress τ reaches it.
     warmup_steps: W, the baseline's warmup in steps (LEGW keeps it in steps).
@@ -94,13 +178,19 @@ def adaptive(
       64x Adam run on MNIST-1D read a passing loss bump as pure noise, its gain
       jumped from 18 to 48 and the run diverged; with 0.99 the same seed
       reached the baseline's accuracy (notes/step4_date_dynamic.md).
-
+    batch_sizes: a growing batch: the ladder of batch sizes, increasing and
+      ending at `batch_size` (`batch_ladder`). None: the batch stays at
+      `batch_size`.
+    growth_threshold: c of the growth rule B_next ≤ c · B_noise.
+    growth_interval: steps between two looks at the growth rule.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
     `GradientSqNorms` (`grouped_value_and_grad`, `cross_replica_sq_norms`,
-    or `no_measurement` on steps that do not measure). Once τ ≥ T0 every
-    update is zero: check `progress_done(state, base_steps)` to stop.
+    or `no_measurement` on steps that do not measure); its
+    `big_batch_size` is the batch the step had. Once τ ≥ T0 every update is
+    zero: check `progress_done(state, base_steps)` to stop. With a growing
+    batch, train the next step at `next_batch_size(state)`.
 
   Example:
     >>> base = optax.cosine_decay_schedule(1e-2, 1000)
@@ -120,18 +210,26 @@ def adaptive(
   check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
   check_choice("gain_rule", gain_rule, GAIN_RULES)
   check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
+  check_range("growth_threshold", growth_threshold, low=0.0, low_inclusive=False)
+  check_range("growth_interval", growth_interval, low=1)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
 
   def init_fn(params):
     return AdaptiveState(inner.init(params), jnp.zeros((), jnp.float32),
-                         jnp.zeros((), jnp.int32), init_noise_scale())
+                         jnp.zeros((), jnp.int32), init_noise_scale(),
+                         jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32))
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 **extra_args):
     noise = state.noise
     if grad_sq_norms is not None:  # static: either always given or never
       noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
-    gain = gain_from_estimates(noise, base_batch_size, batch_size)
+    step_batch = batch_size
+    if ladder:  # the batch this step had: the norms say it, else the one asked for
+      step_batch = (state.batch_size if grad_sq_norms is None
+                    else grad_sq_norms.big_batch_size)
+    gain = gain_from_estimates(noise, base_batch_size, step_batch)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -140,18 +238,99 @@ def adaptive(
     def step():
       inner_state = optax.tree.set(state.inner_state, learning_rate=lr)
       new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
+      count = state.count + 1
+      next_batch = state.batch_size
+      if ladder:
+        next_batch = _climb(state.batch_size, count, noise, ladder, warmup_steps,
+                            growth_threshold, growth_interval)
       return new_updates, AdaptiveState(new_inner, state.progress + ramp * gain,
-                                        state.count + 1, noise)
+                                        count, noise, next_batch)
 
     def done():  # the baseline's schedule is covered: nothing more to apply
       return (jax.tree.map(jnp.zeros_like, updates),
-              AdaptiveState(state.inner_state, state.progress, state.count, noise))
+              AdaptiveState(state.inner_state, state.progress, state.count, noise,
+                            state.batch_size))
 
     return jax.lax.cond(state.progress >= base_steps, done, step)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
+def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] | None:
+  """`batch_sizes` as a tuple of ints, checked: increasing, from ≥ B0 up to `batch_size`."""
+  if batch_sizes is None:
+    return None
+  ladder = tuple(batch_sizes)
+  if (not ladder or any(isinstance(b, bool) or not isinstance(b, int) for b in ladder)
+      or list(ladder) != sorted(set(ladder)) or ladder[0] < base_batch_size
+      or ladder[-1] != batch_size):
+    raise ValueError(
+        f"batch_sizes must be increasing ints from >= base_batch_size={base_batch_size} to "
+        f"batch_size={batch_size} (see batch_ladder); got {batch_sizes!r}.")
+  return ladder
+
+
 def progress_done(opt_state: Any, base_steps: int) -> jax.Array:
   """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`."""
   return optax.tree.get(opt_state, "progress") >= base_steps
+
+
+def next_batch_size(opt_state: Any) -> jax.Array:
+  """The batch the `adaptive` optimizer in `opt_state` wants for the next step (int32).
+
+  A fixed-batch engine always says its `batch_size`; a growing one its current
+  rung. A loop follows it by feeding the next step that many examples:
+
+    >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
+    ...               optax.constant_schedule(0.1), base_batch_size=32,
+    ...               batch_size=128, base_steps=100,
+    ...               batch_sizes=batch_ladder(32, 128))
+    >>> int(next_batch_size(tx.init({"w": jnp.ones(2)})))
+    32
+  """
+  return optax.tree.get(opt_state, AdaptiveState.__name__).batch_size
+
+
+def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,
+                     batch_sizes: Sequence[int], base_steps: int, warmup_steps: int = 0,
+                     growth_threshold: float = GROWTH_THRESHOLD,
+                     growth_interval: int = GROWTH_INTERVAL) -> dict[str, float]:
+  """Steps, examples and the largest batch of an adaptive run, by McCandlish's law.
+
+  The run is played out step by step as the engine would take it: the gain of
+  the batch in use (`adascale_gain`) advances the progress, the LEGW ramp
+  credits its fraction, and the batch climbs `batch_sizes` by the growth rule
+  (`wants_next_rung`). `noise_scales` is B_noise as one number, or a profile:
+  values at equally spaced points of the baseline's progress (e.g. what the
+  baseline logged). A one-rung ladder is a fixed batch.
+
+  Returns:
+    {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.
+
+  Example:
+    >>> budget = predicted_budget(1000.0, base_batch_size=100, batch_sizes=(1000,),
+    ...                           base_steps=5500)
+    >>> budget["steps"], budget["examples_vs_baseline"]
+    (1000, 1.8181818181818181)
+  """
+  profile = [noise_scales] if isinstance(noise_scales, (int, float)) else list(noise_scales)
+  if not profile:
+    raise ValueError("noise_scales must be a number or a non-empty sequence of numbers.")
+  for value in profile:
+    check_range("noise_scales", value, low=0.0, finite=False)
+  ladder = _check_ladder(batch_sizes, base_batch_size, batch_sizes[-1] if batch_sizes else 0)
+  check_range("base_steps", base_steps, low=1)
+  check_range("warmup_steps", warmup_steps, low=0)
+  progress, steps, examples, rung = 0.0, 0, 0, 0
+  while progress < base_steps:
+    noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
+    ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
+    progress += ramp * adascale_gain(noise, base_batch_size, ladder[rung])
+    steps, examples = steps + 1, examples + ladder[rung]
+    if rung + 1 < len(ladder) and wants_next_rung(
+        steps, noise, ladder[rung + 1], warmup_steps=warmup_steps,
+        growth_threshold=growth_threshold, growth_interval=growth_interval):
+      rung += 1
+  return {"steps": steps, "examples": examples,
+          "examples_vs_baseline": examples / (base_steps * base_batch_size),
+          "largest_batch_size": ladder[rung]}

@@ -32,7 +32,10 @@ _DECAY_FIELDS = {
     "constant": (),
 }
 GAIN_RULES = ("linear", "sqrt")
-_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule")
+# DATE's growing batch: the next rung B' once B' ≤ GROWTH_THRESHOLD · B_noise. Chosen on the
+# scaling study's two workloads, one value for every workload (notes/batch_growth.md).
+GROWTH_THRESHOLD = 1.0
+_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
                 "init_value", "decay", "grad_clip_norm", "label_smoothing",
@@ -128,6 +131,11 @@ class Recipe:
       its own steps.
     gain_rule: adaptive mode only: the LR is the baseline's × r_t ("linear")
       or × √r_t ("sqrt").
+    grow_batch: adaptive mode only: `batch_size` is the largest batch, and the
+      run starts at the baseline's and climbs a ladder of doublings as the
+      measured noise scale grows (`dateopt.date.adaptive`'s `batch_sizes`).
+    growth_threshold: grow_batch only: c of the rule "the next rung B' once
+      B' ≤ c · B_noise".
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
 
@@ -169,6 +177,8 @@ class Recipe:
   optimizer_options: Mapping[str, Any] = _spec(kind="mapping")
   base_batch_size: int | None = _spec(None, kind="optional_int", low=1)
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
+  grow_batch: bool = _spec(False, kind="bool")
+  growth_threshold: float = _spec(GROWTH_THRESHOLD, kind="float", low=0.0, low_inclusive=False)
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
   def __post_init__(self):
@@ -197,6 +207,9 @@ class Recipe:
         raise ValueError(f"decay_epochs must be increasing; got {self.decay_epochs}.")
     if self.adaptive:
       check_range("base_batch_size", self.base_batch_size, low=1, high=self.batch_size)
+    elif self.grow_batch:
+      raise ValueError("grow_batch=True needs an adaptive recipe (base_batch_size set): "
+                       "plan(baseline, max_batch, 'adaptive', grow_batch=True).")
     masks.from_name(self.mask)  # a known name, else a regex that must compile
     for key, value in self.rationale.items():
       check_type(f"rationale[{key!r}]", value, str, "a string")
@@ -262,6 +275,8 @@ class Recipe:
     used |= set(_DECAY_FIELDS[self.decay])
     if self.adaptive:
       used |= set(_ADAPTIVE_FIELDS)
+    if self.grow_batch:
+      used.add("growth_threshold")
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
 
   # ---- serialisation ----------------------------------------------------

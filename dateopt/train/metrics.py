@@ -203,18 +203,22 @@ class StepClock:
     {}
     >>> clock.count_step(); sorted(clock.lap())
     ['examples_per_second', 'step_seconds']
+
+  `count_step(batch_size)` counts a step of another batch (a growing one).
   """
 
   def __init__(self, batch_size: int):
     self._batch_size = batch_size
     self._start: float | None = None
     self._steps = 0
+    self._examples = 0
     self._paused = 0.0
     self._total_steps = 0
     self._total_seconds = 0.0
 
-  def count_step(self) -> None:
+  def count_step(self, batch_size: int | None = None) -> None:
     self._steps += 1
+    self._examples += self._batch_size if batch_size is None else batch_size
 
   def lap(self) -> dict[str, float]:
     now = time.perf_counter()
@@ -222,10 +226,10 @@ class StepClock:
     if self._start is not None and self._steps:
       seconds = now - self._start - self._paused
       out = {"step_seconds": seconds / self._steps,
-             "examples_per_second": self._batch_size * self._steps / seconds}
+             "examples_per_second": self._examples / seconds}
       self._total_steps += self._steps
       self._total_seconds += seconds
-    self._start, self._steps, self._paused = time.perf_counter(), 0, 0.0
+    self._start, self._steps, self._examples, self._paused = time.perf_counter(), 0, 0, 0.0
     return out
 
   @contextlib.contextmanager

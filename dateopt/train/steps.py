@@ -22,12 +22,19 @@ from dateopt.train import accumulation
 
 @flax.struct.dataclass
 class TrainState:
-  """Everything a run needs to resume: the step, weights, BN statistics, optimizer."""
+  """Everything a run needs to resume: the step, weights, BN statistics, optimizer.
+
+  `examples_seen` counts the training examples the steps took (int32): a
+  growing batch's data position; `last_batch_size` is the batch of the last
+  step taken (0 before the first).
+  """
 
   step: jax.Array
   params: Any
   batch_stats: Any
   opt_state: Any
+  examples_seen: jax.Array
+  last_batch_size: jax.Array
 
 
 def create_train_state(model, tx: optax.GradientTransformation, example_inputs: jax.Array,
@@ -37,7 +44,9 @@ def create_train_state(model, tx: optax.GradientTransformation, example_inputs: 
                          example_inputs, train=False)
   params = variables["params"]
   return TrainState(step=jnp.zeros([], jnp.int32), params=params,
-                    batch_stats=variables.get("batch_stats", {}), opt_state=tx.init(params))
+                    batch_stats=variables.get("batch_stats", {}), opt_state=tx.init(params),
+                    examples_seen=jnp.zeros([], jnp.int32),
+                    last_batch_size=jnp.zeros([], jnp.int32))
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, num_classes: int,
@@ -157,6 +166,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array],
       lambda m: jnp.where(done, jnp.nan if jnp.issubdtype(m.dtype, jnp.inexact) else -1,
                           m).astype(m.dtype), metrics)
   reported["date/progress"] = optax.tree.get(kept.opt_state, "progress")
+  reported["date/batch_size"] = date.next_batch_size(kept.opt_state)
   return kept, reported
 
 
@@ -196,9 +206,10 @@ def _train_step(state, batch, record_statistics, measure_noise, *, model, tx, nu
   learning_rate = applied_learning_rate(state.opt_state, opt_state)
   if learning_rate is not None:
     metrics["learning_rate"] = learning_rate
-  metrics.update(optimizer_metrics(opt_state, recipe))
+  metrics.update(optimizer_metrics(opt_state, recipe, batch_size))
   new_state = state.replace(step=state.step + 1, params=params, batch_stats=batch_stats,
-                            opt_state=opt_state)
+                            opt_state=opt_state, examples_seen=state.examples_seen + batch_size,
+                            last_batch_size=jnp.asarray(batch_size, jnp.int32))
   return new_state, metrics
 
 
@@ -223,16 +234,20 @@ def applied_learning_rate(old_opt_state: Any, new_opt_state: Any) -> jax.Array |
   return jnp.where(skipped, 0.0, lr * old_guard.lr_multiplier)
 
 
-def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None
-                      ) -> dict[str, jax.Array]:
-  """DATE statistics, noise scale, adaptive progress and guard counters, flat."""
+def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
+                      batch_size: int | None = None) -> dict[str, jax.Array]:
+  """DATE statistics, noise scale, adaptive progress and guard counters, flat.
+
+  The gain is that of `batch_size`, the step's batch (default: the recipe's).
+  """
   out = {f"date/{k}": v for k, v in date.statistics(opt_state).items()}
   adaptive = optax.tree.get(opt_state, date.AdaptiveState.__name__)
   if adaptive is not None:
     out["date/progress"] = adaptive.progress
+    out["date/batch_size"] = adaptive.batch_size  # what the engine asks of the next step
     if recipe is not None:
       out["date/gain"] = date.gain_from_estimates(adaptive.noise, recipe.base_batch_size,
-                                                  recipe.batch_size)
+                                                  batch_size or recipe.batch_size)
   guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
   if guard is not None:
     out["guard/lr_multiplier"] = guard.lr_multiplier

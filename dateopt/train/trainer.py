@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 from typing import Any, Sequence
 
 import jax
@@ -44,6 +45,7 @@ from dateopt.train import config as config_lib
 from dateopt.train import accumulation, parallel, polish, preemption, workdir_lock, workdirs
 from dateopt.train import nonfinite, recipe_record
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
+from dateopt.train.feed import TrainFeed
 from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
 from dateopt.train.steps import TrainState, create_train_state, eval_step, train_step
 
@@ -60,6 +62,9 @@ class TrainResult:
   steps_per_second: float
   steps: int = 0
   predicted_steps: int | None = None
+  examples: int = 0  # training examples the steps took
+  largest_batch_size: int = 0
+  train_step_compilations: int = 0  # programs compiled for the train step (one per rung)
 
 
 @dataclasses.dataclass
@@ -79,6 +84,13 @@ class Experiment:
   # adaptive strategy; 0 without final epochs).
   polish: dict[str, Any] = dataclasses.field(default_factory=dict)
   final_epochs_steps: int = 0
+  # The batches a run trains at: (recipe.batch_size,), or a growing recipe's ladder.
+  batch_sizes: tuple[int, ...] = ()
+
+  @property
+  def grows(self) -> bool:
+    """Whether the batch grows (DATE adaptive with `grow_batch`)."""
+    return self.recipe.grow_batch
 
   @property
   def microbatch_size(self) -> int:
@@ -168,8 +180,9 @@ def build_experiment(config: ml_collections.ConfigDict,
   baseline, recipe = plan_recipe(config, dataset.num_train_examples)
   mesh = parallel.make_mesh(devices)
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
-  _check_divisible(batch_field, recipe.batch_size, mesh.size, "the device count")
-  _check_divisible(batch_field, recipe.batch_size, jax.process_count(), "the process count")
+  batch_sizes = _batch_sizes(config, recipe, mesh, batch_field)
+  for batch_size in batch_sizes:
+    _check_batch_layout(config, batch_field, batch_size, mesh.size)
   if not recipe.drop_remainder:
     raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
                      "its data pipeline drops the last partial batch of each epoch.")
@@ -179,15 +192,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   if config.measure_every_steps < 1:
     raise ValueError(f"config.measure_every_steps must be >= 1; got {config.measure_every_steps}.")
   _check_keep_checkpoints(config.keep_checkpoints)
-  accumulation.check_grad_accum_steps(
-      config.grad_accum_steps, batch_field=batch_field, batch_size=recipe.batch_size,
-      num_devices=mesh.size, grad_groups=gradient_groups(config),
-      bn_group_size=config_lib.to_dict(config.model_kwargs).get("bn_group_size"))
   microbatch_size = recipe.batch_size // config.grad_accum_steps
-  if gradient_groups(config) > 1:
-    _check_divisible(batch_field, recipe.batch_size, config.grad_groups, "config.grad_groups")
-    # Batch norm sees one micro-batch's part of a group at a time.
-    _check_groups_keep_batch_norm(config, microbatch_size // config.grad_groups)
   # What fits in memory for training fits for eval (a forward pass only).
   eval_batch_size = int(config.eval_batch_size or microbatch_size)
   eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
@@ -197,7 +202,63 @@ def build_experiment(config: ml_collections.ConfigDict,
   polish.check_polish_config(settings)
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
                     polish=settings,
-                    final_epochs_steps=_final_epochs_steps(settings, baseline, recipe, num_steps))
+                    final_epochs_steps=_final_epochs_steps(settings, baseline, recipe, num_steps),
+                    batch_sizes=batch_sizes)
+
+
+def _check_batch_layout(config: ml_collections.ConfigDict, batch_field: str, batch_size: int,
+                        num_devices: int) -> None:
+  """Raises ValueError naming `batch_field` when the step cannot run at `batch_size`."""
+  _check_divisible(batch_field, batch_size, num_devices, "the device count")
+  _check_divisible(batch_field, batch_size, jax.process_count(), "the process count")
+  accumulation.check_grad_accum_steps(
+      config.grad_accum_steps, batch_field=batch_field, batch_size=batch_size,
+      num_devices=num_devices, grad_groups=gradient_groups(config),
+      bn_group_size=config_lib.to_dict(config.model_kwargs).get("bn_group_size"))
+  if gradient_groups(config) > 1:
+    _check_divisible(batch_field, batch_size, config.grad_groups, "config.grad_groups")
+    # Batch norm sees one micro-batch's part of a group at a time.
+    _check_groups_keep_batch_norm(
+        config, batch_size // config.grad_accum_steps // config.grad_groups)
+
+
+def batch_quantum(config: ml_collections.ConfigDict, num_devices: int) -> int:
+  """The smallest batch step every batch must be a multiple of, on this layout.
+
+  Devices and processes split the batch, each of the `grad_accum_steps`
+  micro-batches is split over the devices and holds an equal part of every
+  gradient group, and a ghost batch-norm group must fit whole in each.
+  """
+  accum, groups = config.grad_accum_steps, max(gradient_groups(config), 1)
+  quantum = math.lcm(num_devices, jax.process_count(), accum * num_devices, accum * groups)
+  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
+  if bn_group and config.model.startswith("resnet"):
+    quantum = math.lcm(quantum, accum * groups * int(bn_group))
+  return quantum
+
+
+def _batch_sizes(config: ml_collections.ConfigDict, recipe: date.Recipe, mesh,
+                 batch_field: str) -> tuple[int, ...]:
+  """The batches the run trains at: the recipe's, or the ladder of a growing batch.
+
+  The ladder starts at the baseline's batch rounded up to `batch_quantum`
+  and doubles up to `recipe.batch_size`, the largest.
+  """
+  if not recipe.grow_batch:
+    return (recipe.batch_size,)
+  if not isinstance(config.grad_accum_steps, int) or config.grad_accum_steps < 1:
+    return (recipe.batch_size,)  # the layout check names config.grad_accum_steps
+  quantum = batch_quantum(config, mesh.size)
+  if recipe.batch_size % quantum:
+    raise ValueError(f"{batch_field}={recipe.batch_size}, the growing batch's largest, must be "
+                     f"a multiple of {quantum} (devices x grad_accum_steps x grad_groups and "
+                     f"the batch-norm group, as each rung of the ladder is).")
+  ladder = date.batch_ladder(recipe.base_batch_size, recipe.batch_size, multiple_of=quantum)
+  if recipe.max_steps * ladder[-1] >= 2 ** 31:  # TrainState.examples_seen is an int32
+    raise ValueError(f"{batch_field}={recipe.batch_size}: a growing run of up to "
+                     f"{recipe.max_steps} steps could serve 2^31 examples or more, past the "
+                     f"data position's int32; use a shorter run or a fixed batch.")
+  return ladder
 
 
 def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe: date.Recipe,
@@ -208,11 +269,15 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
   return polish.polish_window(settings, recipe.steps_per_epoch, num_steps)
 
 
-def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe):
-  """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured."""
+def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
+                    batch_sizes: Sequence[int] | None = None):
+  """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured.
+
+  `batch_sizes`: a growing recipe's ladder (`Experiment.batch_sizes`).
+  """
   # The noise EMAs keep a ~100-step horizon however often the noise is measured.
   noise_decay = 0.99 ** config.measure_every_steps
-  tx, schedule = date.build(recipe, noise_decay=noise_decay)
+  tx, schedule = date.build(recipe, noise_decay=noise_decay, batch_sizes=batch_sizes)
   if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
     tx = date.measure_noise_scale(tx, noise_decay=noise_decay)
   if config.guard:
@@ -376,7 +441,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       workdirs.require_packages(workdirs.as_path(workdir))
     with _startup(ValueError, TypeError, FileNotFoundError):
       exp = build_experiment(config, devices)
-      tx, _ = build_optimizer(config, exp.recipe)  # the LR each step applied is read from its state
+      tx, _ = build_optimizer(config, exp.recipe, exp.batch_sizes)  # the LR each step applied is read from its state
     lock = _claim_workdir(workdir, jax.process_index() == 0, exp.recipe)
     try:
       return _train(exp, tx, workdir, stops)
@@ -403,20 +468,6 @@ def _final_epochs_due(exp: Experiment, steps_taken: int, progress: float | None)
   if exp.recipe.adaptive:
     return progress is not None and progress >= exp.recipe.total_steps - exp.final_epochs_steps
   return steps_taken >= exp.num_train_steps - exp.final_epochs_steps
-
-
-def _train_batches(exp: Experiment, start_step: int, clean: bool):
-  """Training batches from `start_step` on: augmented, or evaluation-style when `clean`."""
-  return exp.dataset.train_iterator(exp.recipe.batch_size, seed=exp.config.seed,
-                                    start_step=start_step, process_index=jax.process_index(),
-                                    process_count=jax.process_count(), augment=not clean)
-
-
-def _close_iterator(batches) -> None:
-  """Stops a batch iterator's prefetch threads (a grain iterator or a generator)."""
-  close = getattr(batches, "close", None)
-  if close is not None:
-    close()
 
 
 def _polish_at_end(exp: Experiment, state: TrainState, eval_fn, writer: MetricWriter, step: int,
@@ -496,8 +547,14 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     progress = ProgressBar(last, start_step, enabled=lead and config.progress_bar)
     cleanup.callback(progress.close)
     clean_data = _final_epochs_due(exp, start_step, _progress(exp, state))
-    batches = _train_batches(exp, start_step, clean_data)
-    cleanup.callback(lambda: _close_iterator(batches))  # the pipeline in use when the run ends
+    host_state = parallel.to_host({"examples": state.examples_seen, "last": state.last_batch_size,
+                                   "batch": _engine_batch(exp, state.opt_state)})
+    feed = TrainFeed(exp.dataset, seed=config.seed, batch_size=int(host_state["batch"]),
+                     grows=exp.grows, start_step=start_step,
+                     position=int(host_state["examples"]), clean=clean_data)
+    cleanup.callback(feed.close)  # the pipeline in use when the run ends
+    # The metrics say the batch of every step: a row where it changes (a resume knows the last).
+    largest_batch, logged_batch = feed.batch_size, int(host_state["last"])
     before_polish = None
     measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
     clock = StepClock(exp.recipe.batch_size)
@@ -509,19 +566,29 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
       logs_now = _every(step, config.log_every_steps, last)
       record = np.bool_(logs_now) if config.statistics else None  # stats only when logged
       measure = step % config.measure_every_steps == 0 if measures else None
-      state, metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh), record,
+      step_batch = feed.batch_size
+      state, metrics = step_fn(state, parallel.global_batch(feed.next(), exp.mesh), record,
                                measure)
-      clock.count_step()
+      clock.count_step(step_batch)
       watch.record(step, metrics)
-      done, progress_now = False, None
-      if not clean_data and exp.final_epochs_steps and exp.recipe.adaptive and not logs_now:
+      done, progress_now, wanted_batch = False, None, step_batch
+      if step_batch != logged_batch:  # the batch of every step: a row at each change
+        writer.write(step, {"train/batch_size": step_batch})
+        logged_batch = step_batch
+      if exp.grows:  # the engine says every step what the next one takes, and when it is done
+        reading = parallel.to_host({k: metrics[k] for k in ("date/progress", "date/batch_size")})
+        progress_now, wanted_batch = float(reading["date/progress"]), int(reading["date/batch_size"])
+        done = progress_now >= exp.recipe.total_steps
+        logs_now = logs_now or done
+      elif not clean_data and exp.final_epochs_steps and exp.recipe.adaptive and not logs_now:
         # The window is entered at the step its progress crosses: read it every step until then.
         progress_now = float(parallel.to_host(metrics["date/progress"]))
       if logs_now:
         logged = parallel.to_host(metrics)  # waits for the step: the clock reads true time
-        logged.update(clock.lap())
+        logged.update(clock.lap(), batch_size=step_batch, examples_seen=feed.position)
         progress_now = logged.get("date/progress")
-        if exp.recipe.adaptive and logged["date/progress"] >= exp.recipe.total_steps:
+        if (exp.recipe.adaptive and not exp.grows
+            and logged["date/progress"] >= exp.recipe.total_steps):
           # Covered the baseline's steps at this step, or before it (the steps since are idle).
           done, taken = True, int(parallel.to_host(state.step))
           if taken != step:
@@ -556,8 +623,10 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
           before_polish = (eval_metrics if evaluated_at == step
                            else evaluate(exp, state, eval_fn))
           writer.write(step, {f"eval/before_polish_{k}": v for k, v in before_polish.items()})
-        _close_iterator(batches)  # its prefetch threads stop before the clean pipeline starts
-        batches = _train_batches(exp, step, clean=True)
+        feed.switch_to_clean()
+      if wanted_batch != feed.batch_size and not done:  # DATE's next rung
+        feed.resize(wanted_batch)
+        largest_batch = max(largest_batch, wanted_batch)
       if step < last and stops.should_stop(step, shares=logs_now):
         watch.check(int(parallel.to_host(state.step)))
         raise _stop_and_save(stops, state, checkpointer)  # the cleanup waits for the save
@@ -572,9 +641,31 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
                                          before_polish)
     predicted = date.plan_predicted_steps(exp.recipe,
                                           config_lib.to_dict(config.plan).get("noise_scale"))
-    summary = {"steps": steps_taken, "examples": steps_taken * exp.recipe.batch_size,
+    examples = int(parallel.to_host(state.examples_seen))
+    compilations = _compilations(step_fn)
+    summary = {"steps": steps_taken, "examples": examples,
+               "examples_vs_baseline": examples / (exp.baseline.total_steps
+                                                   * exp.baseline.batch_size),
+               "largest_batch_size": largest_batch, "train_step_compilations": compilations,
                "predicted_steps": predicted if predicted is not None else float("nan"),
                "steps_per_second": clock.steps_per_second()}
     writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
+    if lead and exp.grows:
+      print(f"DATE grew the batch to {largest_batch:,} (ladder {list(exp.batch_sizes)}): "
+            f"{steps_taken:,} steps, {examples:,} examples = "
+            f"{summary['examples_vs_baseline']:.2f} x the baseline's, {compilations} train-step "
+            f"compilations.", flush=True)
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(state), eval_metrics,
-                     train_metrics, clock.steps_per_second(), steps_taken, predicted)
+                     train_metrics, clock.steps_per_second(), steps_taken, predicted,
+                     examples, largest_batch, compilations)
+
+
+def _engine_batch(exp: Experiment, opt_state: Any) -> Any:
+  """The batch the next step takes: a growing engine's choice, else the recipe's."""
+  return date.next_batch_size(opt_state) if exp.grows else exp.recipe.batch_size
+
+
+def _compilations(step_fn) -> int:
+  """Programs `jax.jit` compiled for the train step: one per batch (and measure flag)."""
+  cache_size = getattr(step_fn, "_cache_size", None)  # jax's jit wrapper; -1 if it goes
+  return int(cache_size()) if cache_size is not None else -1

@@ -1,0 +1,305 @@
+"""DATE grows the batch: the ladder, the rule, the engine, the planner, the data stream, the trainer.
+
+References: hand arithmetic for the ladder and the rule, `adascale_gain` and
+`predicted_steps` (the closed form) for the engine's gain and the planner's
+budget, the epoch permutations for the data stream, the monitoring events of
+jax for the compilations, and an uninterrupted run for a resumed one.
+"""
+
+import json
+import logging
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dateopt import date
+from dateopt.data import get_dataset
+from dateopt.data.base import epoch_permutation
+
+import tiny_config
+
+
+# --- The ladder and the rule ---------------------------------------------------------------
+
+def test_ladder_doubles_from_the_baseline_to_the_max_in_multiples_of_the_quantum():
+  assert date.batch_ladder(32, 2048) == (32, 64, 128, 256, 512, 1024, 2048)
+  assert date.batch_ladder(32, 32) == (32,)
+  assert date.batch_ladder(32, 96) == (32, 64, 96)          # the max is the last rung
+  assert date.batch_ladder(12, 96, multiple_of=8) == (16, 32, 64, 96)
+  assert date.batch_ladder(1, 64, multiple_of=16) == (16, 32, 64)
+
+
+@pytest.mark.parametrize("base, top, quantum, match", [
+    (32, 100, 8, "max_batch_size=100 must be a multiple of 8"),
+    (64, 32, 1, "max_batch_size"),
+    (0, 32, 1, "base_batch_size"),
+])
+def test_ladder_refuses_what_the_layout_cannot_run(base, top, quantum, match):
+  with pytest.raises(ValueError, match=match):
+    date.batch_ladder(base, top, multiple_of=quantum)
+
+
+def test_growth_rule_by_hand():
+  rule = lambda count, noise, nxt: bool(date.wants_next_rung(
+      count, noise, nxt, warmup_steps=30, growth_threshold=0.5, growth_interval=20))
+  assert rule(40, 256.0, 128)             # past the warmup, on the interval, 128 ≤ 0.5·256
+  assert not rule(40, 255.0, 128)         # 128 > 0.5·255
+  assert not rule(41, 1e9, 128)           # not on the interval
+  assert not rule(20, 1e9, 128)           # inside the warmup
+  assert not rule(40, float("nan"), 128)  # nothing measured yet
+  assert rule(40, float("inf"), 128)      # the signal estimate is <= 0: pure noise
+
+
+# --- The engine ------------------------------------------------------------------------------
+
+def _sq_norms(noise_scale, batch, groups=4, grad_sq=1.0):
+  """Exact squared norms of a gradient whose |G|² is `grad_sq` and tr Σ = B_noise·|G|²."""
+  trace = noise_scale * grad_sq
+  small = batch // groups
+  return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
+
+
+def _engine(ladder, warmup=0, threshold=1.0):
+  return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                       optax.constant_schedule(0.1), base_batch_size=ladder[0],
+                       batch_size=ladder[-1], base_steps=10_000, warmup_steps=warmup,
+                       batch_sizes=ladder, growth_threshold=threshold, noise_decay=0.0)
+
+
+def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch():
+  tx = _engine((32, 64, 128, 256), warmup=5)
+  params = {"w": jnp.ones(3)}
+  state = tx.init(params)
+  update = jax.jit(tx.update, static_argnames=())
+  batches, progress = [], 0.0
+  for _ in range(70):
+    batch = int(date.next_batch_size(state))
+    batches.append(batch)
+    _, state = update({"w": jnp.ones(3)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch))
+    ramp = min(1.0, len(batches) / 5)
+    progress += ramp * date.adascale_gain(1000.0, 32, batch)
+    np.testing.assert_allclose(float(state.progress), progress, rtol=1e-5)
+  # B_noise = 1000 ≥ every rung: one rung up at steps 20, 40, 60, never two at once.
+  assert batches[:20] == [32] * 20 and batches[20:40] == [64] * 20
+  assert batches[40:60] == [128] * 20 and batches[60:] == [256] * 10
+
+
+def test_engine_stops_below_the_noise_scale_and_never_shrinks():
+  tx = _engine((32, 64, 128, 256))
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  seen = []
+  for step in range(100):
+    batch = int(date.next_batch_size(state))
+    seen.append(batch)
+    noise = 100.0 if step < 60 else 10.0    # 64 ≤ 100 < 128, then far below every rung
+    _, state = tx.update({"w": jnp.ones(2)}, state, params,
+                         grad_sq_norms=_sq_norms(noise, batch))
+  assert max(seen) == 64 and seen[-1] == 64 and seen == sorted(seen)
+
+
+def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
+  tx = _engine((32, 64))
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  for _ in range(20):  # grows after step 20; the loop stays at 32
+    _, state = tx.update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(500.0, 32))
+  assert int(date.next_batch_size(state)) == 64
+  before = float(state.progress)
+  _, state = tx.update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(500.0, 32))
+  assert float(state.progress) - before == pytest.approx(1.0)  # gain of 32 over 32
+
+
+def test_fixed_batch_engine_asks_for_its_batch_and_refuses_a_bad_ladder():
+  fixed = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                        optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
+                        base_steps=100)
+  assert int(date.next_batch_size(fixed.init({"w": jnp.ones(2)}))) == 512
+  for bad in [(32, 128, 64, 512), (16, 512), (32, 256), ()]:
+    with pytest.raises(ValueError, match="batch_sizes must be increasing"):
+      date.adaptive(lambda learning_rate: optax.sgd(learning_rate), optax.constant_schedule(0.1),
+                    base_batch_size=32, batch_size=512, base_steps=100, batch_sizes=bad)
+
+
+def test_a_plain_optax_loop_follows_the_engine():
+  """The README's loop: a jitted step per batch size, the engine says which one comes next."""
+  x = np.random.default_rng(0).normal(size=(4096, 8)).astype(np.float32)
+  y = x @ np.ones(8, np.float32) + 4 * np.random.default_rng(1).normal(size=4096)
+  loss_fn = lambda w, batch: jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+  grad_fn = date.grouped_value_and_grad(loss_fn, num_groups=4)
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                     optax.cosine_decay_schedule(0.05, 400), base_batch_size=16,
+                     batch_size=256, base_steps=400, warmup_steps=10,
+                     batch_sizes=date.batch_ladder(16, 256))
+
+  @jax.jit
+  def step(w, opt_state, batch):
+    loss, grads, sq_norms = grad_fn(w, batch)
+    updates, opt_state = tx.update(grads, opt_state, w, grad_sq_norms=sq_norms)
+    return optax.apply_updates(w, updates), opt_state, loss
+
+  w, opt_state, position, batches = jnp.zeros(8), tx.init(jnp.zeros(8)), 0, []
+  while not date.progress_done(opt_state, 400):
+    batch_size = int(date.next_batch_size(opt_state))
+    rows = np.arange(position, position + batch_size) % len(x)
+    w, opt_state, loss = step(w, opt_state, {"x": x[rows], "y": y[rows]})
+    position, batches = position + batch_size, batches + [batch_size]
+  assert batches[0] == 16 and max(batches) > 16 and batches == sorted(batches)
+  assert len(batches) < 400 and float(loss) < 20.0
+  assert step._cache_size() == len(set(batches))  # one program per rung
+
+
+# --- The planner ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("noise, batch, warmup", [(500.0, 2048, 75), (50.0, 512, 0),
+                                                  (3000.0, 1024, 10)])
+def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup):
+  budget = date.predicted_budget(noise, base_batch_size=32, batch_sizes=(batch,),
+                                 base_steps=7500, warmup_steps=warmup)
+  assert budget["steps"] == date.predicted_steps(noise, 32, batch, 7500, warmup)
+  assert budget["examples"] == budget["steps"] * batch
+
+
+def test_budget_of_a_growing_batch_by_hand():
+  # B_noise = 256 throughout, no warmup, c = 1, interval 20: rungs 32, 64, ..., 256, then it stays.
+  budget = date.predicted_budget(256.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
+                                 base_steps=1000)
+  gains = [date.adascale_gain(256.0, 32, b) for b in (32, 64, 128, 256)]
+  covered = 20 * sum(gains[:3])   # 20 steps at each of the first three rungs
+  rest = -(-(1000 - covered) // gains[3])
+  assert budget["steps"] == 60 + rest and budget["largest_batch_size"] == 256
+  assert budget["examples"] == 20 * (32 + 64 + 128) + 256 * rest
+
+
+def test_plan_and_explain_show_the_ladder_and_the_predicted_budget():
+  base = date.Recipe(batch_size=32, num_examples=60_000, num_epochs=4, learning_rate=8e-3,
+                     optimizer="adam", warmup_epochs=0.04)
+  profile = [300.0, 800.0, 1500.0, 3000.0]
+  recipe = date.plan(base, 2048, "adaptive", grow_batch=True, noise_scale=profile)
+  assert recipe.grow_batch and recipe.batch_size == 2048 and recipe.base_batch_size == 32
+  text = date.explain(base, recipe)
+  budget = date.predicted_budget(profile, base_batch_size=32,
+                                 batch_sizes=date.batch_ladder(32, 2048), base_steps=7500,
+                                 warmup_steps=75)
+  assert "32, 64, 128, 256, 512, 1,024, 2,048" in text
+  assert f"{budget['steps']:,} for a 4-point B_noise profile" in text
+  assert f"{budget['examples']:,} = {budget['examples_vs_baseline']:.2f}" in text
+  assert date.plan_predicted_steps(recipe, profile) == budget["steps"]
+  assert date.Recipe.from_dict(recipe.to_dict()) == recipe
+
+
+def test_grow_batch_is_refused_outside_the_adaptive_strategy():
+  base = date.Recipe(batch_size=32, num_examples=6_000, num_epochs=4, learning_rate=1e-3)
+  with pytest.raises(ValueError, match="grow_batch=True is a rule of the 'adaptive' strategy"):
+    date.plan(base, 512, "legw", grow_batch=True)
+  with pytest.raises(ValueError, match="grow_batch=True needs an adaptive recipe"):
+    base.replace(grow_batch=True)
+  with pytest.raises(TypeError, match="a profile is for 'adaptive'"):
+    date.plan(base, 512, "legw", noise_scale=[100.0, 200.0])
+  with pytest.raises(ValueError, match="growth_threshold"):
+    date.plan(base, 512, "adaptive", grow_batch=True, growth_threshold=0.0)
+
+
+# --- The data stream ------------------------------------------------------------------------
+
+def test_stream_serves_every_example_once_per_epoch_whatever_the_batch_sizes():
+  ds = get_dataset("digits")
+  n = ds.num_train_examples
+  sizes = [64, 64, 128, 256, 512, 512, 1024, 1024, 1024]
+  position, labels = 0, []
+  for size in sizes:
+    labels.append(ds.stream_batch(position, size, seed=3, augment=False)["labels"])
+    position += size
+  served = np.concatenate(labels)
+  expected = np.concatenate([epoch_permutation(n, 3, e) for e in range(position // n + 1)])
+  train_labels = ds.train_source.gather(np.arange(n), None)["labels"]
+  np.testing.assert_array_equal(served, train_labels[expected[:position]])
+  # Two processes' slices make the global batch, across an epoch's end too.
+  start = n - 100
+  whole = ds.stream_batch(start, 256, seed=3)["inputs"]
+  halves = [ds.stream_batch(start, 256, seed=3, process_index=p, process_count=2)["inputs"]
+            for p in (0, 1)]
+  np.testing.assert_array_equal(whole, np.concatenate(halves))
+
+
+# --- The trainer ------------------------------------------------------------------------------
+
+def _growing_config(**overrides):
+  config = tiny_config.get_config()  # MNIST-1D LSTM, B0 = 16, 120 baseline steps
+  config.strategy, config.batch_size, config.grad_groups = "adaptive", 128, 4
+  # c = 1000: every rung is due as soon as the rule looks (every 20 steps after the warmup).
+  config.plan = dict(grow_batch=True, growth_threshold=1000.0)
+  config.log_every_steps, config.checkpoint_every_steps = 5, -1
+  for key, value in overrides.items():
+    setattr(config, key, value)
+  return config
+
+
+def _train_step_compilations_of_a_run(config, workdir):
+  """(result, train-step programs XLA compiled during the run), read from jax's compile log."""
+  from dateopt import train
+  messages = []
+  handler = logging.Handler()
+  handler.emit = lambda record: messages.append(record.getMessage())
+  logger = logging.getLogger("jax")
+  logger.addHandler(handler)
+  try:
+    with jax.log_compiles(True):
+      result = train.train_and_evaluate(config, workdir)
+  finally:
+    logger.removeHandler(handler)
+  return result, sum(m.startswith("Compiling jit(train_step)") for m in messages)
+
+
+def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(tmp_path):
+  result, compiles = _train_step_compilations_of_a_run(_growing_config(), str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  changes = [(r["step"], r["train/batch_size"]) for r in rows
+             if "train/batch_size" in r and "train/loss" not in r]
+  # The warmup is 6 steps; the rule looks every 20: rungs from steps 21, 41 and 61.
+  assert changes[0] == (1, 16) and changes[1:] == [(21, 32), (41, 64), (61, 128)][:len(changes) - 1]
+  rungs = [b for _, b in changes]
+  assert result.largest_batch_size == rungs[-1] and len(rungs) >= 3
+  assert result.train_step_compilations == len(rungs)
+  assert compiles == len(rungs)  # one program per rung, none compiled twice
+  # The examples are the sum of every step's batch.
+  batch_at = lambda step: max(b for s, b in changes if s <= step)
+  assert result.examples == sum(batch_at(s) for s in range(1, result.steps + 1))
+  summary = next(r for r in rows if "run/examples" in r)
+  assert summary["run/examples"] == result.examples
+  assert summary["run/largest_batch_size"] == result.largest_batch_size
+  assert summary["run/examples_vs_baseline"] == pytest.approx(result.examples / (120 * 16))
+  assert max(r["step"] for r in rows) == result.steps  # nothing after the run's end
+
+
+def test_trainer_grows_with_gradient_accumulation(tmp_path):
+  from dateopt import train
+  result = train.train_and_evaluate(_growing_config(grad_accum_steps=2), str(tmp_path))
+  assert result.largest_batch_size >= 64
+  assert result.train_step_compilations == len(
+      [b for b in (16, 32, 64, 128) if b <= result.largest_batch_size])
+
+
+def test_growing_ladder_refuses_a_max_the_layout_cannot_split(tmp_path):
+  from dateopt import train
+  with pytest.raises(train.StartupError, match="config.batch_size=120, the growing batch's "
+                                               "largest, must be a multiple of 32"):
+    train.train_and_evaluate(_growing_config(batch_size=120, grad_accum_steps=4), str(tmp_path))
+
+
+def test_a_run_killed_mid_ramp_resumes_bit_exact(tmp_path):
+  from dateopt import train
+  config = _growing_config(checkpoint_every_steps=5, keep_checkpoints=20)
+  whole = train.train_and_evaluate(config, str(tmp_path / "whole"))
+  resume_at = 45  # after the rungs at 21 and 41, before the one at 61
+  shutil.copytree(tmp_path / "whole" / "checkpoints" / str(resume_at),
+                  tmp_path / "resumed" / "checkpoints" / str(resume_at))
+  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert resumed.steps == whole.steps and resumed.examples == whole.examples
+  assert resumed.largest_batch_size == whole.largest_batch_size
+  for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
+    np.testing.assert_array_equal(a, b)
