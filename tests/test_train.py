@@ -14,6 +14,7 @@ import pytest
 
 from dateopt import train
 
+import conftest  # tests/conftest.py: the XLA flags the subprocesses need too
 import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +154,8 @@ def test_bad_baseline_field_is_named(tmp_path):
 # --- Subprocess runs: SIGKILL-and-resume, multi-host ---------------------------
 
 def _cli(workdir, *flags, env_devices=8, extra_env=None):
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={env_devices}",
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={env_devices} "
+                                  f"{conftest.SLOW_COLLECTIVES}",
              JAX_PLATFORMS="cpu", **(extra_env or {}))
   return ([sys.executable, "-m", "dateopt.cli", "--config",
            os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir), *flags],
