@@ -140,7 +140,7 @@ def main(argv=None):
     print(f"dropped {dropped} finished runs of {args.rerun} (kept in cells.jsonl.bak)")
   started = time.perf_counter()
   if not args.report_only:
-    strategies = args.strategies.split(",") if args.strategies else tuple(study.STRATEGIES)
+    strategies = args.strategies.split(",") if args.strategies else study.DEFAULT_STRATEGIES
     cells = study.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)
     runner.run(cells, progress=not args.no_progress)
   text = report(runner, args.outdir, args.figures)
