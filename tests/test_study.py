@@ -160,7 +160,7 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   with open(tmp_path / "results.csv", encoding="utf-8") as f:
     lines = list(csv.DictReader(f))
   assert sorted((line["strategy"], line["multiple"]) for line in lines) == sorted(
-      [("baseline", "1")] + [(s, "4") for s in study.STRATEGIES if s != "baseline"])
+      [("baseline", "1")] + [(s, "4") for s in study.DEFAULT_STRATEGIES if s != "baseline"])
   by_strategy = {line["strategy"]: line for line in lines}
   assert int(by_strategy["baseline"]["steps"]) == 300  # --quick: a 300-step baseline
   assert int(by_strategy["legw"]["steps"]) == 75  # equal epochs at 4x
