@@ -250,7 +250,7 @@ def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch
   profile = _noise_profile(noise_scale)
   budget = predicted_budget(
       profile, base_batch_size=baseline.batch_size,
-      batch_sizes=batch_ladder(baseline.batch_size, batch_size) if grow_batch else (batch_size,),
+      batch_sizes=_batches_of(baseline.batch_size, batch_size, grow_batch),
       base_steps=baseline.total_steps, warmup_steps=baseline.warmup_steps,
       growth_threshold=growth_threshold)
   what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
@@ -266,6 +266,11 @@ def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch
   if grow_batch:
     notes["predicted largest batch"] = f"{budget['largest_batch_size']:,}"
   return notes
+
+
+def _batches_of(base_batch_size: int, batch_size: int, grow_batch: bool) -> tuple[int, ...]:
+  """The batches an adaptive run trains at: the ladder up to `batch_size`, or that batch alone."""
+  return batch_ladder(base_batch_size, batch_size) if grow_batch else (batch_size,)
 
 
 def _noise_profile(noise_scale) -> list[float]:
@@ -300,8 +305,7 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
   if len(profile) == 1 and not recipe.grow_batch:
     return predicted_steps(profile[0], recipe.base_batch_size, recipe.batch_size,
                            recipe.total_steps, recipe.warmup_steps)
-  ladder = (batch_ladder(recipe.base_batch_size, recipe.batch_size) if recipe.grow_batch
-            else (recipe.batch_size,))
+  ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(profile, base_batch_size=recipe.base_batch_size, batch_sizes=ladder,
                           base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps,
                           growth_threshold=recipe.growth_threshold)["steps"]

@@ -41,7 +41,6 @@ way `divergence_guard` takes `value=`.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
