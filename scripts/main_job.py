@@ -8,12 +8,12 @@ divergence guard on everywhere, noise scale measured everywhere):
     the same epochs: You et al. SC'19);
   * `DATE adaptive {k}x`: the baseline's schedule walked at the gain measured
     from the gradient noise scale each step, stopping when it has covered the
-    baseline's steps.
-  * `DATE adaptive, batch grown to {k}x`: the same, starting at the baseline's
-    batch and doubling it as the measured noise scale grows, up to k·B0
-    (`--grow-to`). Its predicted steps come from the noise scale the
+    baseline's steps. Its predicted steps come from the noise scale the
     baseline run measured: the law's steps, Σ 1/r over the baseline's logged
     noise scales (`effective_noise_scale`).
+  * `DATE adaptive, batch grown to {k}x`: the same, starting at the baseline's
+    batch and doubling it as the measured noise scale grows, up to k·B0
+    (`--grow-to`).
 
 It prints a table, writes it with every run's numbers to
 `<workdir>/results.md` and `results.json`, and draws eval accuracy against steps
