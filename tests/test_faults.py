@@ -5,6 +5,8 @@ The subprocess runs share one JAX compilation cache, so only the first compiles:
 others take a few seconds each.
 """
 
+import asyncio
+import gc
 import json
 import logging
 import math
@@ -601,3 +603,29 @@ def test_logged_step_time_is_not_more_than_the_run_took(reference):
   summary = next(r for r in rows if "run/steps_per_second" in r)
   steps = sum(n for n, _ in laps)
   assert math.isclose(summary["run/steps_per_second"], steps / step_time, rel_tol=1e-6)
+
+
+def _collect_a_failed_future(message: str) -> None:
+  """A future that failed with `message` and is collected unread: asyncio logs it."""
+  loop = asyncio.new_event_loop()
+  future = loop.create_future()
+  future.set_exception(ValueError(message))
+  del future
+  gc.collect()
+  loop.close()
+
+
+def test_the_failed_reads_of_a_damaged_checkpoint_are_not_logged_twice(tmp_path, caplog):
+  """asyncio's "never retrieved" record of a failed read in this directory is dropped."""
+  ckpt = checkpoint.Checkpointer(str(tmp_path / "checkpoints"))
+  ckpt._quiet.install()  # as `restore_or` does once a checkpoint fails to load
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    _collect_a_failed_future(f"NOT_FOUND: {ckpt.directory}/280/default/x/.zarray")
+    assert "never retrieved" not in caplog.text
+    _collect_a_failed_future("some other failure")  # anything else still reaches the log
+    assert "never retrieved" in caplog.text and "some other failure" in caplog.text
+  ckpt.close()
+  caplog.clear()
+  with caplog.at_level(logging.ERROR, logger="asyncio"):
+    _collect_a_failed_future(f"NOT_FOUND: {ckpt.directory}/280/default/x/.zarray")
+  assert "never retrieved" in caplog.text  # the filter is gone after `close`

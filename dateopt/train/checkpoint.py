@@ -11,6 +11,7 @@ all through `etils.epath` (see `workdirs`).
 from __future__ import annotations
 
 import gc
+import logging as logging_lib
 import os
 import sys
 from typing import Any
@@ -45,7 +46,7 @@ class Checkpointer:
     self.directory = workdirs.as_path(directory)  # orbax wants a local path absolute
     self._options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=self._options)
-    self._quiet = _ClosedLoopNoiseFilter()
+    self._quiet = _ClosedLoopNoiseFilter(str(self.directory))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -135,31 +136,37 @@ class Checkpointer:
     self._quiet.uninstall()
 
 
-class _ClosedLoopNoiseFilter:
-  """A `sys.unraisablehook` that drops the noise a failed orbax restore leaves behind.
+class _ClosedLoopNoiseFilter(logging_lib.Filter):
+  """Drops the noise a failed orbax restore leaves behind, while installed.
 
   When one read of a restore fails, orbax closes its event loop while the
   other tensorstore reads are still in flight. As each ends, its callback
   finds the loop closed ("RuntimeError: Event loop is closed"), and the
   abandoned read coroutines fail again when collected: Python prints each
-  through `sys.unraisablehook`, a traceback per array. The failure itself is
-  reported once by `restore_or`; any other unraisable error goes to the
-  previous hook.
+  through `sys.unraisablehook`, a traceback per array. The failed reads'
+  futures, collected later, are logged by asyncio ("Future exception was
+  never retrieved", with a traceback) whenever the garbage collector gets to
+  them. The failure itself is reported once by `restore_or`; any other
+  unraisable error or asyncio record goes through as before.
   """
 
-  def __init__(self):
+  def __init__(self, directory: str):
+    super().__init__()
+    self._directory = directory  # asyncio records are dropped only if they name it
     self._previous = None
 
   def install(self) -> None:
     if self._previous is None:
       self._previous = sys.unraisablehook
       sys.unraisablehook = self._hook
+      logging_lib.getLogger("asyncio").addFilter(self)
 
   def uninstall(self) -> None:
     if self._previous is not None:
       if sys.unraisablehook == self._hook:  # leave a hook installed after ours alone
         sys.unraisablehook = self._previous
       self._previous = None
+      logging_lib.getLogger("asyncio").removeFilter(self)
 
   def _hook(self, unraisable) -> None:
     error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
@@ -168,6 +175,14 @@ class _ClosedLoopNoiseFilter:
     if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
       return  # an abandoned orbax read coroutine, collected
     (self._previous or sys.__unraisablehook__)(unraisable)
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    """False (drop) for asyncio's report of a collected failed read of this directory."""
+    message = record.getMessage()
+    if "exception was never retrieved" not in message:
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return self._directory not in f"{message} {error}"
 
 
 def _why(error: Exception, step_dir: epath.Path) -> str:
