@@ -55,7 +55,7 @@ def main(argv=None):
     return _fail(f"error: {error}", 2)
   except train.Preempted as stop:
     return _fail(str(stop), stop.exit_code)
-  except train.NonFiniteError as stop:  # non-finite steps: a NaN batch, or divergence
+  except (train.NonFiniteError, train.DivergedError) as stop:  # a NaN batch, or divergence
     return _fail(str(stop), stop.exit_code)
   import jax
   if jax.process_index() == 0:

@@ -7,7 +7,9 @@ schedule at the pace the gradient noise scale measured each step allows
 (AdaScale's gain), and stops when it has covered the baseline's steps. The
 other optax wrappers a trainer plugs in: `measure_noise_scale` (the noise EMAs
 alone), `track_statistics` (gradient norm, trust ratios, update ratio) and
-`divergence_guard` (skip bad steps, back the LR off, recover it).
+`divergence_guard` (skip bad steps, back the LR off, recover it). An
+adaptive run that diverges is held and, if it stays diverged, given up:
+`diverged(state)` and `gave_up(state)` say so.
 
 Example:
   >>> from dateopt import date
@@ -20,11 +22,19 @@ Example:
   >>> adaptive_tx, base_schedule = date.build(date.plan(base, 16384, "adaptive"))
 """
 
+from dateopt.date.divergence import (
+    DIVERGENCE_PATIENCE,
+    DivergenceWatchState,
+    diverged,
+    gave_up,
+)
 from dateopt.date.progress import (
+    GAIN_RISE,
     GROWTH_INTERVAL,
     AdaptiveState,
     adaptive,
     batch_ladder,
+    bounded_gain,
     next_batch_size,
     predicted_budget,
     progress_done,
@@ -74,7 +84,10 @@ __all__ = [
     "AdaptiveState",
     "DEFAULT_PROMOTE_ABOVE",
     "DEFAULT_PROMOTION_ANCHORS",
+    "DIVERGENCE_PATIENCE",
     "DivergenceGuardState",
+    "DivergenceWatchState",
+    "GAIN_RISE",
     "GAIN_RULES",
     "GROWTH_INTERVAL",
     "GROWTH_THRESHOLD",
@@ -90,15 +103,18 @@ __all__ = [
     "adascale_gain",
     "adaptive",
     "batch_ladder",
+    "bounded_gain",
     "build",
     "build_schedule",
     "combine_group_grads",
     "compute_statistics",
     "cross_replica_sq_norms",
     "divergence_guard",
+    "diverged",
     "expected_efficiency",
     "explain",
     "gain_from_estimates",
+    "gave_up",
     "grouped_value_and_grad",
     "init_noise_scale",
     "measure_noise_scale",

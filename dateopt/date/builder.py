@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 import optax
 
 from dateopt import masks, schedules, transforms
+from dateopt.date.divergence import DIVERGENCE_PATIENCE
 from dateopt.date.progress import adaptive, batch_ladder
 from dateopt.date.recipe import Recipe
 from dateopt.validation import check_type
@@ -37,7 +38,8 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       decay_rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
 
 
-def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[int] | None = None
+def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[int] | None = None,
+          divergence_patience: int | None = DIVERGENCE_PATIENCE
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
@@ -63,6 +65,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.
+    divergence_patience: adaptive recipes: diverged steps in a row before the
+      engine gives up (`dateopt.date.divergence`); None: no divergence watch.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -85,7 +89,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
                   noise_decay=noise_decay, batch_sizes=ladder,
-                  growth_threshold=recipe.growth_threshold)
+                  growth_threshold=recipe.growth_threshold,
+                  divergence_patience=divergence_patience)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule

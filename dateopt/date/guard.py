@@ -223,8 +223,9 @@ def divergence_guard(
     if value is not None and jnp.ndim(value) != 0:
       raise ValueError(f"divergence_guard: value= must be the scalar loss; got an array of "
                        f"shape {jnp.shape(value)}.")
-    new_updates, new_inner = inner.update(updates, state.inner_state, params,
-                                          value=value, **extra_args)
+    # `lr_multiplier=`: the share of its LR the step gets, for `date.adaptive`'s progress.
+    new_updates, new_inner = inner.update(updates, state.inner_state, params, value=value,
+                                          lr_multiplier=state.lr_multiplier, **extra_args)
     finite = _all_finite(updates) & _all_finite(new_updates)
     loss = state.loss_mean if value is None else jnp.asarray(value, jnp.float32)
     if value is None:  # static: no loss, no spike test, no statistics

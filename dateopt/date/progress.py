@@ -34,6 +34,14 @@ really had (`GradientSqNorms.big_batch_size`), so a loop that follows the
 engine late loses nothing. `next_batch_size(opt_state)` is the batch the
 engine wants for the next step.
 
+Trust (step 10): the progress credits only what a step applied. A step the
+divergence guard skipped credits nothing, one whose LR it backed off credits
+that share (`lr_multiplier=`, which the guard passes). The gain may rise at
+most `GAIN_RISE` per step after the first measurement, and not at all while the |G|² estimate is ≤ 0 (the
+noise then swamps the signal, and the gain would jump to k). With the loss as
+`value=`, `dateopt.date.divergence` watches for a diverged run: it holds the
+progress, cuts the LR, and gives up after `divergence_patience` steps.
+
 `adaptive` is a plain optax transformation: any training loop can use it,
 passing the step's `GradientSqNorms` as `update(..., grad_sq_norms=...)`, the
 way `divergence_guard` takes `value=`.
@@ -47,6 +55,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dateopt.date.divergence import (
+    DIVERGENCE_PATIENCE,
+    DivergenceWatchState,
+    init_watch,
+    update_watch,
+)
 from dateopt.date.noise import (
     GradientSqNorms,
     NoiseScaleState,
@@ -71,6 +85,9 @@ class AdaptiveState(NamedTuple):
     noise: the gradient-noise-scale EMAs the gain comes from.
     batch_size: the batch the engine asks for at the next step (int32): the
       fixed batch, or the current rung of a growing one.
+    gain: the gain the last step applied (bounded; 1 before the first step).
+    gain_batch_size: the batch of that step (int32).
+    watch: the divergence watch (`dateopt.date.divergence`).
   """
 
   inner_state: Any
@@ -78,7 +95,14 @@ class AdaptiveState(NamedTuple):
   count: jax.Array
   noise: NoiseScaleState
   batch_size: jax.Array
+  gain: jax.Array
+  gain_batch_size: jax.Array
+  watch: DivergenceWatchState
 
+
+# The gain's largest rise per step, relative. Healthy runs' measured gain moves far slower
+# once its EMAs have a few measurements (notes/divergence.md); a diverged run's soars.
+GAIN_RISE = 0.1
 
 # Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon)
 # get a few measurements at the new batch before the next decision.
@@ -139,6 +163,26 @@ def _climb(batch_size, count, noise_state, ladder, warmup_steps, growth_threshol
   return jnp.where(grow, upper, batch_size)
 
 
+def bounded_gain(measured, previous, trusted, batch_ratio=1.0, max_rise: float = GAIN_RISE):
+  """The gain a step applies: the measured one, risen at most `max_rise` since the last
+  step, and not risen at all when the estimate is not `trusted` (Python numbers or arrays).
+
+  `batch_ratio` is this step's batch over the last step's: the gain of a batch
+  twice as large may be up to twice as large (a growing batch's new rung).
+
+  Example:
+    >>> bounded_gain(8.0, 2.0, True), bounded_gain(8.0, 2.0, False), bounded_gain(1.5, 2.0, True)
+    (2.2, 2.0, 1.5)
+    >>> bounded_gain(8.0, 2.0, True, batch_ratio=2.0)
+    4.4
+  """
+  previous = previous * batch_ratio
+  cap = previous * (1.0 + max_rise)
+  if isinstance(measured, (int, float)):
+    return min(measured, cap if trusted else previous)
+  return jnp.minimum(measured, jnp.where(trusted, cap, previous))
+
+
 def _gain_multiplier(gain: jax.Array, gain_rule: str) -> jax.Array:
   return gain if gain_rule == "linear" else jnp.sqrt(gain)
 
@@ -156,6 +200,7 @@ def adaptive(
     batch_sizes: Sequence[int] | None = None,
     growth_threshold: float = GROWTH_THRESHOLD,
     growth_interval: int = GROWTH_INTERVAL,
+    divergence_patience: int | None = DIVERGENCE_PATIENCE,
 ) -> optax.GradientTransformationExtraArgs:
   """The baseline's schedule, walked at the pace the measured noise scale allows.
 
@@ -182,6 +227,9 @@ def adaptive(
       `batch_size`.
     growth_threshold: c of the growth rule B_next ≤ c · B_noise.
     growth_interval: steps between two looks at the growth rule.
+    divergence_patience: diverged steps in a row (`dateopt.date.divergence`)
+      before the engine gives up; None turns the watch off. The watch needs
+      the loss as `value=`; without it, it never fires.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
@@ -212,27 +260,47 @@ def adaptive(
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
   check_range("growth_threshold", growth_threshold, low=0.0, low_inclusive=False)
   check_range("growth_interval", growth_interval, low=1)
+  if divergence_patience is not None:
+    check_range("divergence_patience", divergence_patience, low=1)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
 
   def init_fn(params):
+    first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
     return AdaptiveState(inner.init(params), jnp.zeros((), jnp.float32),
-                         jnp.zeros((), jnp.int32), init_noise_scale(),
-                         jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32))
+                         jnp.zeros((), jnp.int32), init_noise_scale(), first_batch,
+                         jnp.ones((), jnp.float32), first_batch, init_watch())
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
-                **extra_args):
+                value=None, lr_multiplier=None, **extra_args):
     noise = state.noise
     if grad_sq_norms is not None:  # static: either always given or never
       noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
+    watch = state.watch
+    if value is not None and divergence_patience is not None:  # static
+      watch = update_watch(watch, value, step=state.count,
+                           progress_fraction=state.progress / base_steps,
+                           patience=divergence_patience)
+    healthy = watch.diverged_steps == 0
     step_batch = batch_size
     if ladder:  # the batch this step had: the norms say it, else the one asked for
       step_batch = (state.batch_size if grad_sq_norms is None
                     else grad_sq_norms.big_batch_size)
-    gain = gain_from_estimates(noise, base_batch_size, step_batch)
+    measured = gain_from_estimates(noise, base_batch_size, step_batch)
+    trusted = (noise.grad_sq_ema > 0) & healthy
+    # The first measurement sets the gain; from then on it may rise GAIN_RISE a step.
+    gain = jnp.where((state.noise.count == 0) & trusted, measured,
+                     bounded_gain(measured, state.gain, trusted,
+                                  jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size))
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
         jnp.maximum(state.progress, float(warmup_steps)))
+    # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
+    lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
+    # Progress credits the share of the LR the step applied, and nothing while diverged.
+    applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
+    credit = jnp.where(healthy, jnp.where(applied == 1.0, ramp * gain, ramp * gain * applied),
+                       0.0)
 
     def step():
       inner_state = optax.tree.set(state.inner_state, learning_rate=lr)
@@ -242,15 +310,15 @@ def adaptive(
       if ladder:
         next_batch = _climb(state.batch_size, count, noise, ladder, warmup_steps,
                             growth_threshold, growth_interval)
-      return new_updates, AdaptiveState(new_inner, state.progress + ramp * gain,
-                                        count, noise, next_batch)
+      return new_updates, AdaptiveState(new_inner, state.progress + credit, count, noise,
+                                        next_batch, gain,
+                                        jnp.asarray(step_batch, jnp.int32), watch)
 
-    def done():  # the baseline's schedule is covered: nothing more to apply
+    def idle():  # the schedule is covered, or the run gave up: nothing more to apply
       return (jax.tree.map(jnp.zeros_like, updates),
-              AdaptiveState(state.inner_state, state.progress, state.count, noise,
-                            state.batch_size))
+              state._replace(noise=noise, watch=watch))
 
-    return jax.lax.cond(state.progress >= base_steps, done, step)
+    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up, idle, step)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -297,7 +365,8 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   """Steps, examples and the largest batch of an adaptive run, by McCandlish's law.
 
   The run is played out step by step as the engine would take it: the gain of
-  the batch in use (`adascale_gain`) advances the progress, the LEGW ramp
+  the batch in use (`adascale_gain`, risen at most `GAIN_RISE` a step) advances
+  the progress, the LEGW ramp
   credits its fraction, and the batch climbs `batch_sizes` by the growth rule
   (`wants_next_rung`). `noise_scales` is B_noise as one number, or a profile:
   values at equally spaced points of the baseline's progress (e.g. what the
@@ -320,11 +389,15 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_sizes[-1] if batch_sizes else 0)
   check_range("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0)
-  progress, steps, examples, rung = 0.0, 0, 0, 0
+  progress, steps, examples, rung, last_rung, gain = 0.0, 0, 0, 0, 0, 1.0
   while progress < base_steps:
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
     ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
-    progress += ramp * adascale_gain(noise, base_batch_size, ladder[rung])
+    measured = adascale_gain(noise, base_batch_size, ladder[rung])
+    gain = measured if steps == 0 else bounded_gain(measured, gain, True,
+                                                    ladder[rung] / ladder[last_rung])
+    last_rung = rung
+    progress += ramp * gain
     steps, examples = steps + 1, examples + ladder[rung]
     if rung + 1 < len(ladder) and wants_next_rung(
         steps, noise, ladder[rung + 1], warmup_steps=warmup_steps,

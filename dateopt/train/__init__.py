@@ -6,6 +6,7 @@ Example:
 """
 
 from dateopt.train.config import default_config
+from dateopt.train.diverged import DivergedError
 from dateopt.train.nonfinite import NonFiniteError
 from dateopt.train.parallel import initialize_distributed, make_mesh
 from dateopt.train.polish import polish_batch_stats
@@ -32,6 +33,7 @@ from dateopt.train.trainer import (
 __all__ = [
     "Experiment",
     "NonFiniteError",
+    "DivergedError",
     "Preempted",
     "StartupError",
     "TrainResult",

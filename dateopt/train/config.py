@@ -66,6 +66,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
+  # Adaptive runs: diverged steps in a row before the run stops with status 1 (0: never;
+  # see dateopt.date.divergence).
+  c.divergence_patience = 100
   # Loop.
   c.num_train_steps = -1  # -1: the recipe's epochs.
   c.log_every_steps = 50

@@ -245,9 +245,13 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
   if adaptive is not None:
     out["date/progress"] = adaptive.progress
     out["date/batch_size"] = adaptive.batch_size  # what the engine asks of the next step
+    out["date/gain"] = adaptive.gain  # the one applied: bounded, held while diverged
     if recipe is not None:
-      out["date/gain"] = date.gain_from_estimates(adaptive.noise, recipe.base_batch_size,
-                                                  batch_size or recipe.batch_size)
+      out["date/gain_measured"] = date.gain_from_estimates(
+          adaptive.noise, recipe.base_batch_size, batch_size or recipe.batch_size)
+    out["date/diverged_steps"] = adaptive.watch.diverged_steps  # 0: healthy
+    out["date/lr_scale"] = adaptive.watch.lr_scale
+    out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
   guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
   if guard is not None:
     out["guard/lr_multiplier"] = guard.lr_multiplier

@@ -41,10 +41,12 @@ from dateopt import data as data_lib
 from dateopt import date
 from dateopt import masks
 from dateopt import models
+from dateopt.validation import check_range
 from dateopt.train import config as config_lib
 from dateopt.train import accumulation, parallel, polish, preemption, workdir_lock, workdirs
 from dateopt.train import nonfinite, recipe_record
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
+from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.feed import TrainFeed
 from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
 from dateopt.train.steps import TrainState, create_train_state, eval_step, train_step
@@ -277,7 +279,9 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
   """
   # The noise EMAs keep a ~100-step horizon however often the noise is measured.
   noise_decay = 0.99 ** config.measure_every_steps
-  tx, schedule = date.build(recipe, noise_decay=noise_decay, batch_sizes=batch_sizes)
+  check_range("config.divergence_patience", config.divergence_patience, low=0)
+  tx, schedule = date.build(recipe, noise_decay=noise_decay, batch_sizes=batch_sizes,
+                            divergence_patience=config.divergence_patience or None)
   if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
     tx = date.measure_noise_scale(tx, noise_decay=noise_decay)
   if config.guard:
@@ -435,6 +439,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     NonFiniteError: a step's loss was non-finite without the divergence guard,
       or the guard skipped `nonfinite.MAX_SKIPPED_IN_A_ROW` steps in a row;
       nothing after the step was checkpointed.
+    DivergedError: the adaptive engine judged the run diverged for
+      `config.divergence_patience` steps in a row; nothing was checkpointed
+      while it was diverged.
   """
   with preemption.StopRequests() as stops:
     with _startup(ValueError, ImportError):  # before any work: an unknown scheme, no gcsfs
@@ -606,6 +613,8 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
       if logs_now or evaluates or saves or watch.due:  # never evaluate or save a non-finite state
         with clock.paused(state):
           watch.check(int(parallel.to_host(state.step)))
+          healthy = _engine_healthy(state, metrics, checkpointer)  # raises if it gave up
+          saves = saves and healthy
       if evaluates or saves:
         with clock.paused(state):  # eval and checkpoints are not step time
           if evaluates:
@@ -658,6 +667,21 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(state), eval_metrics,
                      train_metrics, clock.steps_per_second(), steps_taken, predicted,
                      examples, largest_batch, compilations)
+
+
+def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | None) -> bool:
+  """False while an adaptive engine calls the run diverged (no checkpoint then).
+
+  Raises:
+    DivergedError: the engine gave up; the newest checkpoint is the last healthy one.
+  """
+  health = EngineHealth.read(state.opt_state)
+  if health is None:
+    return True
+  health.raise_if_gave_up(learning_rate_of(metrics),
+                          checkpointer and str(checkpointer.directory),
+                          checkpointer and checkpointer.latest_step())
+  return not health.diverged
 
 
 def _engine_batch(exp: Experiment, opt_state: Any) -> Any:

@@ -1,0 +1,185 @@
+"""DATE's divergence watch: a diverged adaptive run is held, its LR cut, and stopped if it stays.
+
+Why the engine needs its own watch: once a model diverges, its gradients look
+like noise, the measured noise scale soars, AdaScale's gain goes to k, and
+the progress races to the baseline's total: the run "finishes" with a broken
+model (three of the scaling study's first-pass LSTM runs, and a 1000x-LR run,
+notes/divergence.md). The divergence guard cannot see it: the loss rises over
+tens of steps, not as a spike, and at chance level it stops rising at all.
+
+The watch reads the step's loss (`value=`, as `divergence_guard` does) and
+keeps three numbers: `first`, the mean of the first `FIRST_LOSSES` losses,
+each capped at twice the very first one (so a run that blows up in its first
+steps cannot lift it much);
+`ema`, an exponential mean of the loss (decay `LOSS_DECAY`, the first losses
+weighted equally, each loss capped at 2 · BLOW_UP · first so that one wild
+batch cannot trip a rule); and `best`, the lowest `ema` so far. A step is diverged
+when, `FIRST_LOSSES` losses in, one of these holds:
+
+  relapse      the run had learnt (best ≤ LEARNT · first) and has climbed
+               back half the way: ema − best ≥ RELAPSE · (first − best)
+  blow-up      ema ≥ BLOW_UP · first
+  no learning  the progress covers STALL_PROGRESS of the baseline's steps,
+               and the run has not learnt (best > LEARNT · first)
+
+A diverged run is healthy again once it has learnt and its loss is back near
+its best: ema − best ≤ RECOVERED · (first − best), below the blow-up level.
+The gap between RELAPSE and RECOVERED keeps a run that wobbles at the
+threshold from crediting progress on every other step.
+
+While diverged, the engine credits no progress and does not raise the gain,
+and the LR scale halves at once and every `CUT_EVERY` diverged steps (floor
+`MIN_LR_SCALE`); healthy steps win it back, ×2 per `RECOVERY_STEPS`. After
+`patience` diverged steps in a row the engine gives up for good: every update
+is zero, and `gave_up(opt_state)` says so. A healthy run never meets a rule
+(measured on every healthy run the project has, notes/divergence.md), and
+then the engine's arithmetic is the same as without the watch, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# The thresholds, and what they stand on, are in notes/divergence.md.
+FIRST_LOSSES = 10
+LOSS_DECAY = 0.95
+LEARNT = 0.8
+RELAPSE = 0.5
+RECOVERED = 0.25
+BLOW_UP = 2.0
+STALL_PROGRESS = 0.25
+CUT_EVERY = 10
+MIN_LR_SCALE = 1e-3
+RECOVERY_STEPS = 100
+DIVERGENCE_PATIENCE = 100  # diverged steps in a row before the engine gives up
+
+
+class DivergenceWatchState(NamedTuple):
+  """The watch's part of `AdaptiveState`.
+
+  Attributes:
+    count: losses seen.
+    initial: the first finite loss (the initial parameters').
+    first: the mean of the first `FIRST_LOSSES` losses, each capped at 2 × `initial`.
+    ema: exponential mean of the loss.
+    best: lowest `ema` once `first` is known.
+    diverged_steps: diverged steps in a row (0: healthy).
+    diverged_at: the engine step at which the current (or last) divergence began; -1: never.
+    divergences: divergences so far (each one a run of diverged steps).
+    lr_scale: the factor on the LR, 1 until a divergence cuts it.
+    gave_up: the run stayed diverged for `patience` steps; updates are zero.
+  """
+
+  count: jax.Array
+  initial: jax.Array
+  first: jax.Array
+  ema: jax.Array
+  best: jax.Array
+  diverged_steps: jax.Array
+  diverged_at: jax.Array
+  divergences: jax.Array
+  lr_scale: jax.Array
+  gave_up: jax.Array
+
+
+def init_watch() -> DivergenceWatchState:
+  zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+  return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, jnp.full((), jnp.inf, jnp.float32),
+                              zero_i, jnp.full((), -1, jnp.int32), zero_i,
+                              jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
+
+
+def _judge(was_diverged, count, first, ema, best, progress_fraction) -> jax.Array:
+  """Whether the step is diverged: a rule meets a healthy run, or a diverged one has not
+  recovered (see the module docstring)."""
+  learnt = best <= LEARNT * first
+  give_back = ema - best
+  blow_up = ema >= BLOW_UP * first
+  no_learning = (progress_fraction >= STALL_PROGRESS) & ~learnt
+  enters = (learnt & (give_back >= RELAPSE * (first - best))) | blow_up | no_learning
+  stays = ~learnt | (give_back > RECOVERED * (first - best)) | blow_up
+  return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
+
+
+def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Array,
+                 progress_fraction: jax.Array, patience: int) -> DivergenceWatchState:
+  """The watch after the loss of engine step `step` (its count before the step).
+
+  A non-finite loss counts as diverged and leaves the statistics alone.
+
+  Example:
+    >>> watch = init_watch()
+    >>> for loss in [2.3] * 10 + [0.5] * 100 + [2.0] * 40:   # learnt, then relapsed
+    ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
+    ...                        progress_fraction=jnp.float32(0.1), patience=100)
+    >>> int(watch.diverged_at), int(watch.diverged_steps) > 0, bool(watch.gave_up)
+    (127, True, False)
+  """
+  loss = jnp.asarray(loss, jnp.float32)
+  finite = jnp.isfinite(loss)
+  count = state.count + finite.astype(jnp.int32)
+  weight = jnp.maximum(1.0 - LOSS_DECAY, 1.0 / jnp.maximum(count, 1).astype(jnp.float32))
+  keep = lambda new, old: jnp.where(finite, new, old)
+  initial = jnp.where(finite & (state.count == 0), loss, state.initial)
+  opening = jnp.minimum(loss, 2.0 * initial)  # one of the first losses, capped
+  first = jnp.where(finite & (count <= FIRST_LOSSES),
+                    state.first + (opening - state.first) / jnp.maximum(count, 1), state.first)
+  # Then one wild batch moves the mean by at most (1 − LOSS_DECAY) · 2 · BLOW_UP · first.
+  capped = jnp.where(state.count >= FIRST_LOSSES,
+                     jnp.minimum(loss, 2.0 * BLOW_UP * state.first), opening)
+  ema = keep(state.ema + weight * (capped - state.ema), state.ema)
+  best = keep(jnp.where(count >= FIRST_LOSSES, jnp.minimum(state.best, ema), state.best),
+              state.best)
+  diverged = ~finite | _judge(state.diverged_steps > 0, count, first, ema, best,
+                             progress_fraction)
+  cut = diverged & (state.diverged_steps % CUT_EVERY == 0)
+  # A healthy run's scale stays exactly 1.0 (min(1.0 × growth, 1.0)).
+  lr_scale = jnp.where(cut, jnp.maximum(state.lr_scale * 0.5, MIN_LR_SCALE),
+                       jnp.where(diverged, state.lr_scale,
+                                 jnp.minimum(state.lr_scale * 2.0 ** (1.0 / RECOVERY_STEPS),
+                                             1.0)))
+  starts = diverged & (state.diverged_steps == 0)
+  diverged_steps = jnp.where(diverged, state.diverged_steps + 1, 0)
+  return DivergenceWatchState(
+      count, initial, first, ema, best, diverged_steps,
+      jnp.where(starts, jnp.asarray(step, jnp.int32), state.diverged_at),
+      state.divergences + starts.astype(jnp.int32),
+      lr_scale,
+      state.gave_up | (diverged_steps >= patience))
+
+
+def _watch(opt_state: Any) -> DivergenceWatchState:
+  watch = optax.tree.get(opt_state, DivergenceWatchState.__name__)
+  if watch is None:
+    raise ValueError("opt_state holds no dateopt.date.adaptive state (DivergenceWatchState).")
+  return watch
+
+
+def diverged(opt_state: Any) -> jax.Array:
+  """Whether the `adaptive` engine in `opt_state` judged its last step diverged.
+
+  While it is, the engine holds the progress and cuts the LR; a loop should
+  not save a checkpoint then (the last one saved is the last healthy state).
+  """
+  return _watch(opt_state).diverged_steps > 0
+
+
+def gave_up(opt_state: Any) -> jax.Array:
+  """Whether the `adaptive` engine in `opt_state` stopped for good: the run stayed diverged.
+
+  Its updates are zero from then on. Stop the loop, report it as failed, and
+  keep the last checkpoint saved while `diverged` was False.
+
+    >>> import optax
+    >>> from dateopt.date.progress import adaptive
+    >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
+    ...               optax.constant_schedule(0.1), base_batch_size=8, batch_size=8,
+    ...               base_steps=100)
+    >>> bool(gave_up(tx.init({"w": jnp.ones(2)})))
+    False
+  """
+  return _watch(opt_state).gave_up

@@ -1,0 +1,79 @@
+"""An adaptive run that diverged: no checkpoint while it is, and a stop with status 1 if it stays.
+
+DATE's engine judges every step (`dateopt.date.divergence`): while it calls
+the run diverged it holds the progress and cuts the LR, and after
+`config.divergence_patience` diverged steps in a row it gives up. The trainer
+then saves nothing more (the newest checkpoint is the last healthy state) and
+stops with `DivergedError`, which `dateopt-train` prints as one line and
+status 1. A run is never reported finished while its engine has given up.
+
+Example:
+  >>> health = EngineHealth.read(state.opt_state)   # at a log, eval or save step
+  >>> health.raise_if_gave_up(learning_rate_of(metrics), ckpt.directory, ckpt.latest_step())
+  >>> if saves and not health.diverged: ckpt.save(step, state)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import optax
+
+from dateopt import date
+from dateopt.train import parallel
+
+
+class DivergedError(Exception):
+  """The adaptive run diverged and did not recover; its newest checkpoint predates it."""
+
+  exit_code = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineHealth:
+  """What the adaptive engine's divergence watch says after a step (host numbers)."""
+
+  diverged: bool
+  gave_up: bool
+  diverged_at: int  # the engine step the divergence began at (0-based)
+  diverged_steps: int
+  loss: float  # the watch's smoothed loss
+  first_loss: float
+  best_loss: float
+  gain: float
+  lr_scale: float
+
+  @classmethod
+  def read(cls, opt_state: Any) -> "EngineHealth | None":
+    """The health of the `date.adaptive` engine in `opt_state`; None without one."""
+    engine = optax.tree.get(opt_state, date.AdaptiveState.__name__)
+    if engine is None:
+      return None
+    w, gain = parallel.to_host((engine.watch, engine.gain))
+    return cls(bool(w.diverged_steps > 0), bool(w.gave_up), int(w.diverged_at),
+               int(w.diverged_steps), float(w.ema), float(w.first), float(w.best),
+               float(gain), float(w.lr_scale))
+
+  def raise_if_gave_up(self, learning_rate: float | None, checkpoint_dir: str | None,
+                       last_checkpoint: int | None) -> None:
+    """Raises `DivergedError` naming the step, the loss, the gain and the LR if it gave up."""
+    if not self.gave_up:
+      return
+    lr = "" if learning_rate is None else f", LR {learning_rate:.3g}"
+    if last_checkpoint is not None:
+      kept = f"The last healthy checkpoint, step {last_checkpoint}, is kept in {checkpoint_dir}."
+    else:
+      kept = "No checkpoint was saved before it."
+    raise DivergedError(
+        f"stopped: the adaptive run diverged at step {self.diverged_at + 1} (smoothed loss "
+        f"{self.loss:.4g}, against {self.first_loss:.4g} at the start and {self.best_loss:.4g} at "
+        f"its best; gain {self.gain:.3g}{lr}) and did not recover in {self.diverged_steps} "
+        f"steps with the LR cut to {self.lr_scale:.3g}x. {kept} Lower the baseline's learning "
+        f"rate, or clip the gradient norm (grad_clip_norm), and start a new --workdir.")
+
+
+def learning_rate_of(metrics: Mapping[str, Any]) -> float | None:
+  """The LR the step applied, from its metrics (None if the optimizer has none)."""
+  value = metrics.get("learning_rate")
+  return None if value is None else float(parallel.to_host(value))

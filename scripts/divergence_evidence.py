@@ -1,0 +1,124 @@
+"""DATE's divergence watch on the runs that diverged, and on healthy ones: one JSON line a run.
+
+The evidence behind notes/divergence.md (issue step 10):
+
+  python scripts/divergence_evidence.py diverged --workdir runs/divergence
+  python scripts/divergence_evidence.py healthy --workdir runs/divergence
+
+"diverged": the main job's LSTM with 1000x, 100x and 10x its tuned LR; the
+scaling study's first-pass LSTM recipe (LR 4e-3, no clipping) at 4x seed 1
+and 32x seeds 1 and 2; the main job's LSTM with its gradient multiplied by
+1,000 at step 50, and at step 500. "healthy": the study's adaptive cells
+(seed 0) and the main job's adaptive run. Each line says how the run ended
+(finished, or stopped with status 1 as `dateopt-train` would), its accuracy
+and steps, and the watch's count of divergences (a false alarm, on a healthy
+run). `--only NAME` runs one of them.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import time
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import optax
+from absl import logging
+
+from dateopt import train
+from dateopt.study import load_config
+from dateopt.train import trainer
+
+MAIN_JOB = "configs/mnist1d_lstm.py"
+STUDY = {"lstm": "configs/study_mnist1d_lstm.py", "resnet": "configs/study_mnist1d_resnet.py"}
+
+
+class Run(NamedTuple):
+  name: str
+  config: Any
+  explode_at: int | None = None
+
+
+def _adaptive(path: str, multiple: int | None = None, seed: int = 0, **baseline):
+  config = load_config(path)
+  config.strategy, config.seed = "adaptive", seed
+  if multiple is not None:
+    config.batch_size = config.baseline.batch_size * multiple
+  config.baseline = dict(config.baseline.to_dict(), **baseline)
+  config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
+  return config
+
+
+def diverged_runs() -> list[Run]:
+  runs = [Run(f"main_job_lr_x{factor}", _adaptive(MAIN_JOB, learning_rate=2e-3 * factor))
+          for factor in (1000, 100, 10)]
+  for multiple, seed in ((4, 1), (32, 1), (32, 2)):
+    runs.append(Run(f"study_lstm_noclip_{multiple}x_seed{seed}",
+                    _adaptive(STUDY["lstm"], multiple, seed, learning_rate=4e-3,
+                              grad_clip_norm=None)))
+  runs += [Run(f"main_job_explode_at_{step}", _adaptive(MAIN_JOB), step) for step in (50, 500)]
+  return runs
+
+
+def healthy_runs(multiples=(2, 4, 8, 16, 32, 64)) -> list[Run]:
+  runs = [Run("main_job", _adaptive(MAIN_JOB))]
+  for workload, path in STUDY.items():
+    runs += [Run(f"study_{workload}_{k}x_seed0", _adaptive(path, k)) for k in multiples]
+  return runs
+
+
+class _ExplodeState(NamedTuple):
+  count: Any
+
+
+def explode_gradient_at(step: int, factor: float = 1e3) -> optax.GradientTransformation:
+  """Multiplies the gradient of train step `step` (1-based) by `factor`: a fault, injected."""
+
+  def update_fn(updates, state, params=None):
+    scale = jnp.where(state.count + 1 == step, factor, 1.0)
+    return optax.tree.scale(scale, updates), _ExplodeState(state.count + 1)
+
+  return optax.GradientTransformation(lambda _: _ExplodeState(jnp.zeros((), jnp.int32)),
+                                      update_fn)
+
+
+def run(spec: Run, workdir: str) -> dict[str, Any]:
+  shutil.rmtree(workdir, ignore_errors=True)
+  build = trainer.build_optimizer
+  if spec.explode_at is not None:  # the fault goes in front of the whole optimizer
+    trainer.build_optimizer = lambda *a, **k: (
+        lambda tx, schedule: (optax.chain(explode_gradient_at(spec.explode_at), tx), schedule)
+    )(*build(*a, **k))
+  start, row = time.time(), {"run": spec.name}
+  try:
+    result = train.train_and_evaluate(spec.config, workdir)
+    watch = optax.tree.get(result.state.opt_state, "DivergenceWatchState")
+    row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps,
+               divergences=int(watch.divergences), gave_up=bool(watch.gave_up),
+               lr_scale=float(watch.lr_scale))
+  except train.DivergedError as stop:
+    row.update(status=stop.exit_code, message=str(stop))
+  finally:
+    trainer.build_optimizer = build
+  row["seconds"] = round(time.time() - start)
+  return row
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("set", choices=["diverged", "healthy"])
+  parser.add_argument("--workdir", default="runs/divergence")
+  parser.add_argument("--only", default=None)
+  parser.add_argument("--multiples", default="2,4,8,16,32,64")
+  args = parser.parse_args()
+  logging.set_verbosity(logging.ERROR)
+  specs = (diverged_runs() if args.set == "diverged"
+           else healthy_runs(tuple(int(k) for k in args.multiples.split(","))))
+  for spec in specs:
+    if args.only is None or spec.name == args.only:
+      print(json.dumps(run(spec, os.path.join(args.workdir, spec.name))), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,232 @@
+"""DATE never reports a diverged run as finished (step 10): trust in the progress, the watch,
+the optax API and the trainer's stop."""
+
+import doctest
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dateopt import date, transforms
+from dateopt.date import divergence
+
+import conftest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_docstring_examples():
+  result = doctest.testmod(divergence, optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0
+
+
+# --- The watch, on loss sequences -------------------------------------------------------------
+
+def _watch(losses, progress=0.1, patience=1000):
+  """The watch after `losses`, and the steps it judged diverged."""
+  state, flagged = divergence.init_watch(), []
+  update = jax.jit(divergence.update_watch, static_argnames="patience")
+  for step, loss in enumerate(losses):
+    fraction = progress(step) if callable(progress) else progress
+    state = update(state, jnp.float32(loss), step=jnp.int32(step),
+                   progress_fraction=jnp.float32(fraction), patience=patience)
+    if int(state.diverged_steps):
+      flagged.append(step)
+  return state, flagged
+
+
+def _healthy_losses(steps=600, seed=0):
+  """A chance-level plateau, a fall to a low loss, and heavy-tailed batch noise with spikes."""
+  rng = np.random.default_rng(seed)
+  t = np.arange(steps)
+  level = np.where(t < 60, 2.3, 0.05 + 2.25 * np.exp(-(t - 60) / 80.0))
+  noisy = level * rng.lognormal(0.0, 0.3, steps)
+  noisy[rng.choice(np.arange(100, steps), 8, replace=False)] *= 40  # single-batch spikes
+  noisy[rng.choice(np.arange(100, steps), 4, replace=False)] = 1e4  # and wild ones
+  return noisy
+
+
+def test_healthy_losses_never_fire():
+  for seed in range(3):
+    _, flagged = _watch(_healthy_losses(seed=seed), progress=lambda s: s / 600)
+    assert flagged == []
+
+
+def test_relapse_to_chance_is_diverged_and_recovery_needs_the_loss_back_near_its_best():
+  losses = [2.3] * 10 + [1.5] * 100 + [2.3] * 60 + [1.8] * 60 + [1.5] * 100
+  state, flagged = _watch(losses)
+  first = flagged[0]
+  assert 110 < first < 130  # relapsed half of 0.8 above its best of 1.5
+  assert 170 + 1 < 10 + 100 + 60 + 60 < flagged[-1]  # 1.8 is not back near 1.5: still diverged
+  assert not int(state.diverged_steps)  # 1.5 is: healthy again
+  assert int(state.divergences) == 1 and float(state.lr_scale) < 1.0
+
+
+def test_blow_up_and_no_learning_are_diverged():
+  _, flagged = _watch([2.3] * 10 + [9.0] * 20)
+  assert flagged and flagged[0] < 20
+  progress = lambda step: step / 100  # reaches a quarter of the baseline's steps at step 25
+  _, flagged = _watch([2.3] * 60, progress=progress)
+  assert flagged[0] == 25
+  _, flagged = _watch([2.3] * 10 + [1.0] * 50, progress=progress)  # learnt: no alarm
+  assert flagged == []
+
+
+def test_a_non_finite_loss_counts_as_diverged_and_leaves_the_statistics_alone():
+  state, flagged = _watch([2.3] * 20 + [float("nan")])
+  assert flagged == [20] and np.isfinite(float(state.ema))
+
+
+def test_patience_gives_up_and_the_lr_scale_halves_every_ten_steps():
+  state, _ = _watch([2.3] * 10 + [9.0] * 40, patience=25)
+  assert bool(state.gave_up)
+  flagged_steps = int(state.diverged_steps)
+  assert float(state.lr_scale) == pytest.approx(0.5 ** -(-flagged_steps // 10))
+
+
+# --- The engine: credit only the progress made ------------------------------------------------
+
+def _sq_norms(noise_scale, batch, grad_sq=1.0, groups=4):
+  trace = noise_scale * grad_sq
+  small = batch // groups
+  return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
+
+
+def _engine(**kwargs):
+  options = dict(base_batch_size=32, batch_size=512, base_steps=10_000, noise_decay=0.0)
+  options.update(kwargs)
+  return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                       optax.constant_schedule(0.1), **options)
+
+
+def test_gain_rises_at_most_gain_rise_a_step_and_not_on_an_untrusted_estimate():
+  tx, params = _engine(), {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  _, state = update(params, state, params, grad_sq_norms=_sq_norms(32.0, 512))
+  start = float(state.gain)
+  assert start == pytest.approx(date.adascale_gain(32.0, 32, 512), rel=1e-5)  # first: as measured
+  for _ in range(3):
+    before = float(state.gain)
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(5000.0, 512))
+    assert float(state.gain) == pytest.approx(before * (1 + date.GAIN_RISE), rel=1e-5)
+  before = float(state.gain)
+  negative_signal = date.GradientSqNorms(10.0, 1.0, 128, 512)  # |G|² estimate < 0: noise only
+  _, state = update(params, state, params, grad_sq_norms=negative_signal)
+  assert float(state.gain) == pytest.approx(before)  # not raised (the raw gain is k = 16)
+  _, state = update(params, state, params, grad_sq_norms=_sq_norms(1.0, 512))
+  assert float(state.gain) == pytest.approx(date.adascale_gain(1.0, 32, 512), rel=1e-4)  # falls
+
+
+def test_guard_backoff_credits_its_share_and_a_skipped_step_credits_nothing():
+  tx = date.divergence_guard(_engine(batch_size=32))  # k = 1: each step's gain is 1
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  _, state = update(params, state, params, grad_sq_norms=_sq_norms(10.0, 32), value=1.0)
+  assert float(state.inner_state.progress) == pytest.approx(1.0)
+  state = state._replace(lr_multiplier=jnp.float32(0.25))  # as after two back-offs
+  _, state = update(params, state, params, grad_sq_norms=_sq_norms(10.0, 32), value=1.0)
+  assert float(state.inner_state.progress) == pytest.approx(1.25)
+  nan = {"w": jnp.array([jnp.nan, 1.0])}
+  _, state = update(nan, state, params, grad_sq_norms=_sq_norms(10.0, 32), value=1.0)
+  assert int(state.num_nonfinite) == 1 and float(state.inner_state.progress) == pytest.approx(1.25)
+
+
+def test_a_diverged_engine_holds_progress_cuts_the_lr_and_gives_up():
+  tx, params = _engine(divergence_patience=15), {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  sq = _sq_norms(100.0, 512)
+  for _ in range(10):
+    _, state = update(params, state, params, grad_sq_norms=sq, value=2.3)
+  lr = float(optax.tree.get(state, "learning_rate"))
+  while not bool(date.diverged(state)):  # blowing up: a few steps until the mean is 2x
+    progress = float(state.progress)
+    _, state = update(params, state, params, grad_sq_norms=sq, value=50.0)
+    assert int(state.count) < 20
+  assert float(state.progress) == progress  # the diverged step credits nothing
+  assert float(optax.tree.get(state, "learning_rate")) == pytest.approx(lr * 0.5, rel=1e-5)
+  for _ in range(14):
+    updates, state = update(params, state, params, grad_sq_norms=sq, value=50.0)
+  assert bool(date.gave_up(state)) and float(state.progress) == progress
+  assert not np.any(np.asarray(updates["w"]))  # nothing more is applied
+  with pytest.raises(ValueError, match="divergence_patience"):
+    _engine(divergence_patience=0)
+
+
+# --- Where the watch never fires, it changes nothing, bit for bit ---------------------------------
+
+def _family(name):
+  return {"sgd": lambda learning_rate: optax.sgd(learning_rate, momentum=0.9),
+          "adam": lambda learning_rate: optax.adam(learning_rate),
+          "lars": lambda learning_rate: transforms.lars(learning_rate, momentum=0.9,
+                                                        weight_decay=1e-4)}[name]
+
+
+def _train(family, multiple, patience):
+  """40 guarded steps of a small regression at `multiple` x batch 16; its final params."""
+  key = jax.random.PRNGKey(0)
+  w_true = jax.random.normal(key, (8,))
+  params = {"w": jnp.zeros(8), "b": jnp.zeros(())}
+  loss_fn = lambda p, batch: 0.5 * jnp.mean((batch["x"] @ p["w"] + p["b"] - batch["y"]) ** 2)
+  grad_fn = date.grouped_value_and_grad(loss_fn, 4)
+  lr = {"sgd": 0.05, "adam": 0.01, "lars": 0.1}[family]
+  tx = date.divergence_guard(date.adaptive(
+      _family(family), optax.cosine_decay_schedule(lr, 200), base_batch_size=16,
+      batch_size=16 * multiple, base_steps=200, warmup_steps=5,
+      divergence_patience=patience))
+  state = tx.init(params)
+
+  @jax.jit
+  def step(params, state, batch):
+    loss, grads, sq = grad_fn(params, batch)
+    updates, state = tx.update(grads, state, params, grad_sq_norms=sq, value=loss)
+    return optax.apply_updates(params, updates), state
+
+  for i in range(40):
+    x = jax.random.normal(jax.random.fold_in(key, i), (16 * multiple, 8))
+    batch = {"x": x, "y": x @ w_true + 0.3 * jax.random.normal(jax.random.fold_in(key, 1000 + i),
+                                                               (16 * multiple,))}
+    params, state = step(params, state, batch)
+  return params, state
+
+
+@pytest.mark.parametrize("family", ["sgd", "adam", "lars"])
+@pytest.mark.parametrize("multiple", [1, 8])
+def test_params_are_bit_identical_with_the_watch_on_and_off(family, multiple):
+  on, on_state = _train(family, multiple, divergence.DIVERGENCE_PATIENCE)
+  off, off_state = _train(family, multiple, None)
+  assert int(optax.tree.get(on_state, "DivergenceWatchState").count) == 40  # it watched
+  assert int(optax.tree.get(on_state, "DivergenceWatchState").divergences) == 0
+  jax.tree.map(np.testing.assert_array_equal, on, off)
+  assert float(on_state.inner_state.progress) == float(off_state.inner_state.progress)
+
+
+# --- The trainer: status 1, one line, the last healthy checkpoint kept ------------------------
+
+def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_checkpoint(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=conftest.SLOW_COLLECTIVES)
+  done = subprocess.run(
+      [sys.executable, "-m", "dateopt.cli", "--config",
+       os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(tmp_path),
+       "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
+       "--config.progress_bar=False", "--config.checkpoint_every_steps=20",
+       "--config.eval_every_steps=0"],
+      capture_output=True, text=True, env=env, timeout=600, check=False)
+  assert done.returncode == 1, done.stderr[-3000:]
+  last_line = done.stderr.strip().splitlines()[-1]
+  assert last_line.startswith("dateopt-train: stopped: the adaptive run diverged at step ")
+  for word in ("loss", "gain", "LR", "last healthy checkpoint"):
+    assert word in last_line
+  assert "Traceback" not in done.stderr and "final:" not in done.stdout
+  diverged_at = int(last_line.split("diverged at step ")[1].split()[0])
+  saved = sorted(int(name) for name in os.listdir(tmp_path / "checkpoints") if name.isdigit())
+  assert saved and max(saved) < diverged_at  # nothing saved while diverged
+  assert f"step {max(saved)}," in last_line
+  assert not os.path.exists(tmp_path / "final_metrics.json")
