@@ -61,10 +61,11 @@ def diverged_runs() -> list[Run]:
   return runs
 
 
-def healthy_runs(multiples=(2, 4, 8, 16, 32, 64)) -> list[Run]:
+def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY)) -> list[Run]:
   runs = [Run("main_job", _adaptive(MAIN_JOB))]
-  for workload, path in STUDY.items():
-    runs += [Run(f"study_{workload}_{k}x_seed0", _adaptive(path, k)) for k in multiples]
+  for workload in workloads:
+    runs += [Run(f"study_{workload}_{k}x_seed0", _adaptive(STUDY[workload], k))
+             for k in multiples]
   return runs
 
 
@@ -95,8 +96,8 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
     result = train.train_and_evaluate(spec.config, workdir)
     watch = optax.tree.get(result.state.opt_state, "DivergenceWatchState")
     row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps,
-               divergences=int(watch.divergences), gave_up=bool(watch.gave_up),
-               lr_scale=float(watch.lr_scale))
+               divergences=int(watch.divergences), holds=int(watch.holds),
+               gave_up=bool(watch.gave_up), lr_scale=float(watch.lr_scale))
   except train.DivergedError as stop:
     row.update(status=stop.exit_code, message=str(stop))
   finally:
@@ -111,10 +112,12 @@ def main():
   parser.add_argument("--workdir", default="runs/divergence")
   parser.add_argument("--only", default=None)
   parser.add_argument("--multiples", default="2,4,8,16,32,64")
+  parser.add_argument("--workloads", default="lstm,resnet")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)
   specs = (diverged_runs() if args.set == "diverged"
-           else healthy_runs(tuple(int(k) for k in args.multiples.split(","))))
+           else healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
+                             tuple(args.workloads.split(","))))
   for spec in specs:
     if args.only is None or spec.name == args.only:
       print(json.dumps(run(spec, os.path.join(args.workdir, spec.name))), flush=True)

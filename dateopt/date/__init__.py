@@ -30,6 +30,7 @@ from dateopt.date.divergence import (
 )
 from dateopt.date.progress import (
     GAIN_RISE,
+    GAIN_SETTLE,
     GROWTH_INTERVAL,
     AdaptiveState,
     adaptive,
@@ -88,6 +89,7 @@ __all__ = [
     "DivergenceGuardState",
     "DivergenceWatchState",
     "GAIN_RISE",
+    "GAIN_SETTLE",
     "GAIN_RULES",
     "GROWTH_INTERVAL",
     "GROWTH_THRESHOLD",

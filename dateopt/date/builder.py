@@ -65,7 +65,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.
-    divergence_patience: adaptive recipes: diverged steps in a row before the
+    divergence_patience: adaptive recipes: diverged steps in all before the
       engine gives up (`dateopt.date.divergence`); None: no divergence watch.
 
   Returns:

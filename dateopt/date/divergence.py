@@ -20,17 +20,22 @@ when, `FIRST_LOSSES` losses in, one of these holds:
                back half the way: ema − best ≥ RELAPSE · (first − best)
   blow-up      ema ≥ BLOW_UP · first
   no learning  the progress covers STALL_PROGRESS of the baseline's steps,
-               and the run has not learnt (best > LEARNT · first)
+               and the loss never fell below STALL_DROP · first
 
-A diverged run is healthy again once it has learnt and its loss is back near
-its best: ema − best ≤ RECOVERED · (first − best), below the blow-up level.
+Here `first` is the smaller of the mean above and the very first loss. A
+diverged run is healthy again once its loss has fallen below STALL_DROP ·
+first and is back near its best, ema − best ≤ RECOVERED · (first − best),
+below the blow-up level.
 The gap between RELAPSE and RECOVERED keeps a run that wobbles at the
 threshold from crediting progress on every other step.
 
-While diverged, the engine credits no progress and does not raise the gain,
-and the LR scale halves at once and every `CUT_EVERY` diverged steps (floor
+Before that, a loss that has given back `HOLD_SHARE` of its gains already
+stops the noise measurements and the gain's rises (`loss_rising`). While
+diverged, the engine credits no progress and does not raise the gain, and
+the LR scale halves at once and every `CUT_EVERY` diverged steps (floor
 `MIN_LR_SCALE`); healthy steps win it back, ×2 per `RECOVERY_STEPS`. After
-`patience` diverged steps in a row the engine gives up for good: every update
+`patience` diverged steps in all (a run that keeps relapsing counts every
+time) the engine gives up for good: every update
 is zero, and `gave_up(opt_state)` says so. A healthy run never meets a rule
 (measured on every healthy run the project has, notes/divergence.md), and
 then the engine's arithmetic is the same as without the watch, bit for bit.
@@ -52,10 +57,12 @@ RELAPSE = 0.5
 RECOVERED = 0.25
 BLOW_UP = 2.0
 STALL_PROGRESS = 0.25
+STALL_DROP = 0.9
 CUT_EVERY = 10
 MIN_LR_SCALE = 1e-3
-RECOVERY_STEPS = 100
-DIVERGENCE_PATIENCE = 100  # diverged steps in a row before the engine gives up
+RECOVERY_STEPS = 20
+HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: the gain holds
+DIVERGENCE_PATIENCE = 100  # diverged steps in all before the engine gives up
 
 
 class DivergenceWatchState(NamedTuple):
@@ -68,8 +75,11 @@ class DivergenceWatchState(NamedTuple):
     ema: exponential mean of the loss.
     best: lowest `ema` once `first` is known.
     diverged_steps: diverged steps in a row (0: healthy).
-    diverged_at: the engine step at which the current (or last) divergence began; -1: never.
+    diverged_total: diverged steps in all: the engine gives up at `patience`.
+    diverged_at: the engine step at which the first divergence began; -1: never.
     divergences: divergences so far (each one a run of diverged steps).
+    holds: steps so far whose loss was rising (`loss_rising`): no noise
+      measurement, no rise of the gain.
     lr_scale: the factor on the LR, 1 until a divergence cuts it.
     gave_up: the run stayed diverged for `patience` steps; updates are zero.
   """
@@ -80,8 +90,10 @@ class DivergenceWatchState(NamedTuple):
   ema: jax.Array
   best: jax.Array
   diverged_steps: jax.Array
+  diverged_total: jax.Array
   diverged_at: jax.Array
   divergences: jax.Array
+  holds: jax.Array
   lr_scale: jax.Array
   gave_up: jax.Array
 
@@ -89,19 +101,20 @@ class DivergenceWatchState(NamedTuple):
 def init_watch() -> DivergenceWatchState:
   zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
   return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, jnp.full((), jnp.inf, jnp.float32),
-                              zero_i, jnp.full((), -1, jnp.int32), zero_i,
+                              zero_i, zero_i, jnp.full((), -1, jnp.int32), zero_i, zero_i,
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
 
-def _judge(was_diverged, count, first, ema, best, progress_fraction) -> jax.Array:
+def _judge(was_diverged, count, start, ema, best, progress_fraction) -> jax.Array:
   """Whether the step is diverged: a rule meets a healthy run, or a diverged one has not
   recovered (see the module docstring)."""
-  learnt = best <= LEARNT * first
+  learnt = best <= LEARNT * start
+  moved = best <= STALL_DROP * start
   give_back = ema - best
-  blow_up = ema >= BLOW_UP * first
-  no_learning = (progress_fraction >= STALL_PROGRESS) & ~learnt
-  enters = (learnt & (give_back >= RELAPSE * (first - best))) | blow_up | no_learning
-  stays = ~learnt | (give_back > RECOVERED * (first - best)) | blow_up
+  blow_up = ema >= BLOW_UP * start
+  no_learning = (progress_fraction >= STALL_PROGRESS) & ~moved
+  enters = (learnt & (give_back >= RELAPSE * (start - best))) | blow_up | no_learning
+  stays = ~moved | (give_back > RECOVERED * (start - best)) | blow_up
   return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
 
 
@@ -134,7 +147,8 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   ema = keep(state.ema + weight * (capped - state.ema), state.ema)
   best = keep(jnp.where(count >= FIRST_LOSSES, jnp.minimum(state.best, ema), state.best),
               state.best)
-  diverged = ~finite | _judge(state.diverged_steps > 0, count, first, ema, best,
+  start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
+  diverged = ~finite | _judge(state.diverged_steps > 0, count, start, ema, best,
                              progress_fraction)
   cut = diverged & (state.diverged_steps % CUT_EVERY == 0)
   # A healthy run's scale stays exactly 1.0 (min(1.0 × growth, 1.0)).
@@ -144,12 +158,31 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
                                              1.0)))
   starts = diverged & (state.diverged_steps == 0)
   diverged_steps = jnp.where(diverged, state.diverged_steps + 1, 0)
+  diverged_total = state.diverged_total + diverged.astype(jnp.int32)
   return DivergenceWatchState(
-      count, initial, first, ema, best, diverged_steps,
-      jnp.where(starts, jnp.asarray(step, jnp.int32), state.diverged_at),
+      count, initial, first, ema, best, diverged_steps, diverged_total,
+      jnp.where(starts & (state.divergences == 0), jnp.asarray(step, jnp.int32),
+                state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
+      state.holds + _rising(count, start, ema, best).astype(jnp.int32),
       lr_scale,
-      state.gave_up | (diverged_steps >= patience))
+      state.gave_up | (diverged_total >= patience))
+
+
+def _rising(count, first, ema, best) -> jax.Array:
+  return ((count >= FIRST_LOSSES) & (best <= LEARNT * first)
+          & (ema - best > HOLD_SHARE * (first - best)))
+
+
+def loss_rising(state: DivergenceWatchState) -> jax.Array:
+  """Whether the run had learnt and has given back more than `HOLD_SHARE` of it.
+
+  A loss on its way up makes the gradient look like noise before any rule
+  fires (the scaling study's 32x LSTM: the measured gain went 3 → 30 in 60
+  steps as its loss rose from 0.6 to 2.2): `adaptive` neither measures the
+  noise nor raises the gain then.
+  """
+  return _rising(state.count, jnp.minimum(state.first, state.initial), state.ema, state.best)
 
 
 def _watch(opt_state: Any) -> DivergenceWatchState:

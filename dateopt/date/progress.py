@@ -37,10 +37,13 @@ engine wants for the next step.
 Trust (step 10): the progress credits only what a step applied. A step the
 divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
-most `GAIN_RISE` per step after the first measurement, and not at all while the |G|² estimate is ≤ 0 (the
-noise then swamps the signal, and the gain would jump to k). With the loss as
-`value=`, `dateopt.date.divergence` watches for a diverged run: it holds the
-progress, cuts the LR, and gives up after `divergence_patience` steps.
+most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
+at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
+the gain would jump to k). With the loss as `value=`,
+`dateopt.date.divergence` watches the run: while its loss is on the way up
+the noise is not measured and the gain does not rise; once the run is
+diverged it holds the progress, cuts the LR, and gives up after
+`divergence_patience` steps.
 
 `adaptive` is a plain optax transformation: any training loop can use it,
 passing the step's `GradientSqNorms` as `update(..., grad_sq_norms=...)`, the
@@ -59,6 +62,7 @@ from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
     init_watch,
+    loss_rising,
     update_watch,
 )
 from dateopt.date.noise import (
@@ -102,7 +106,10 @@ class AdaptiveState(NamedTuple):
 
 # The gain's largest rise per step, relative. Healthy runs' measured gain moves far slower
 # once its EMAs have a few measurements (notes/divergence.md); a diverged run's soars.
-GAIN_RISE = 0.1
+GAIN_RISE = 0.25
+# The first measurements set the gain as measured: the EMAs are still settling (the main
+# job's gain rises 12% a step at its 3rd), and the LEGW ramp keeps those steps' credit small.
+GAIN_SETTLE = 10
 
 # Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon)
 # get a few measurements at the new batch before the next decision.
@@ -172,9 +179,9 @@ def bounded_gain(measured, previous, trusted, batch_ratio=1.0, max_rise: float =
 
   Example:
     >>> bounded_gain(8.0, 2.0, True), bounded_gain(8.0, 2.0, False), bounded_gain(1.5, 2.0, True)
-    (2.2, 2.0, 1.5)
+    (2.5, 2.0, 1.5)
     >>> bounded_gain(8.0, 2.0, True, batch_ratio=2.0)
-    4.4
+    5.0
   """
   previous = previous * batch_ratio
   cap = previous * (1.0 + max_rise)
@@ -227,7 +234,7 @@ def adaptive(
       `batch_size`.
     growth_threshold: c of the growth rule B_next ≤ c · B_noise.
     growth_interval: steps between two looks at the growth rule.
-    divergence_patience: diverged steps in a row (`dateopt.date.divergence`)
+    divergence_patience: diverged steps in all (`dateopt.date.divergence`)
       before the engine gives up; None turns the watch off. The watch needs
       the loss as `value=`; without it, it never fires.
   Returns:
@@ -272,23 +279,25 @@ def adaptive(
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 value=None, lr_multiplier=None, **extra_args):
-    noise = state.noise
-    if grad_sq_norms is not None:  # static: either always given or never
-      noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
     watch = state.watch
     if value is not None and divergence_patience is not None:  # static
       watch = update_watch(watch, value, step=state.count,
                            progress_fraction=state.progress / base_steps,
                            patience=divergence_patience)
     healthy = watch.diverged_steps == 0
+    steady = healthy & ~loss_rising(watch)  # else the gradient's noise is the run's own
+    noise = state.noise
+    if grad_sq_norms is not None:  # static: either always given or never
+      measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
+      noise = jax.tree.map(lambda new, old: jnp.where(steady, new, old), measured_noise, noise)
     step_batch = batch_size
     if ladder:  # the batch this step had: the norms say it, else the one asked for
       step_batch = (state.batch_size if grad_sq_norms is None
                     else grad_sq_norms.big_batch_size)
     measured = gain_from_estimates(noise, base_batch_size, step_batch)
-    trusted = (noise.grad_sq_ema > 0) & healthy
-    # The first measurement sets the gain; from then on it may rise GAIN_RISE a step.
-    gain = jnp.where((state.noise.count == 0) & trusted, measured,
+    trusted = (noise.grad_sq_ema > 0) & steady
+    # The first GAIN_SETTLE measurements set the gain; then it may rise GAIN_RISE a step.
+    gain = jnp.where(state.noise.count < GAIN_SETTLE, measured,
                      bounded_gain(measured, state.gain, trusted,
                                   jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size))
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
@@ -299,10 +308,12 @@ def adaptive(
     lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
     # Progress credits the share of the LR the step applied, and nothing while diverged.
     applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
-    credit = jnp.where(healthy, jnp.where(applied == 1.0, ramp * gain, ramp * gain * applied),
-                       0.0)
 
     def step():
+      # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
+      # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
+      credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
+      progress = state.progress + ramp * credited
       inner_state = optax.tree.set(state.inner_state, learning_rate=lr)
       new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
       count = state.count + 1
@@ -310,7 +321,7 @@ def adaptive(
       if ladder:
         next_batch = _climb(state.batch_size, count, noise, ladder, warmup_steps,
                             growth_threshold, growth_interval)
-      return new_updates, AdaptiveState(new_inner, state.progress + credit, count, noise,
+      return new_updates, AdaptiveState(new_inner, progress, count, noise,
                                         next_batch, gain,
                                         jnp.asarray(step_batch, jnp.int32), watch)
 
@@ -394,7 +405,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
     ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
     measured = adascale_gain(noise, base_batch_size, ladder[rung])
-    gain = measured if steps == 0 else bounded_gain(measured, gain, True,
+    gain = measured if steps < GAIN_SETTLE else bounded_gain(measured, gain, True,
                                                     ladder[rung] / ladder[last_rung])
     last_rung = rung
     progress += ramp * gain

@@ -66,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
-  # Adaptive runs: diverged steps in a row before the run stops with status 1 (0: never;
+  # Adaptive runs: diverged steps in all before the run stops with status 1 (0: never;
   # see dateopt.date.divergence).
   c.divergence_patience = 100
   # Loop.

@@ -2,7 +2,7 @@
 
 DATE's engine judges every step (`dateopt.date.divergence`): while it calls
 the run diverged it holds the progress and cuts the LR, and after
-`config.divergence_patience` diverged steps in a row it gives up. The trainer
+`config.divergence_patience` diverged steps in all it gives up. The trainer
 then saves nothing more (the newest checkpoint is the last healthy state) and
 stops with `DivergedError`, which `dateopt-train` prints as one line and
 status 1. A run is never reported finished while its engine has given up.
@@ -37,7 +37,7 @@ class EngineHealth:
   diverged: bool
   gave_up: bool
   diverged_at: int  # the engine step the divergence began at (0-based)
-  diverged_steps: int
+  diverged_steps: int  # in all
   loss: float  # the watch's smoothed loss
   first_loss: float
   best_loss: float
@@ -52,13 +52,15 @@ class EngineHealth:
       return None
     w, gain = parallel.to_host((engine.watch, engine.gain))
     return cls(bool(w.diverged_steps > 0), bool(w.gave_up), int(w.diverged_at),
-               int(w.diverged_steps), float(w.ema), float(w.first), float(w.best),
+               int(w.diverged_total), float(w.ema), float(min(w.first, w.initial)),
+               float(w.best),
                float(gain), float(w.lr_scale))
 
   def raise_if_gave_up(self, learning_rate: float | None, checkpoint_dir: str | None,
-                       last_checkpoint: int | None) -> None:
-    """Raises `DivergedError` naming the step, the loss, the gain and the LR if it gave up."""
-    if not self.gave_up:
+                       last_checkpoint: int | None, *, at_end: bool = False) -> None:
+    """Raises `DivergedError` naming the step, the loss, the gain and the LR if the engine
+    gave up, or (`at_end`: the run reached its last step) is still diverged."""
+    if not (self.gave_up or (at_end and self.diverged)):
       return
     lr = "" if learning_rate is None else f", LR {learning_rate:.3g}"
     if last_checkpoint is not None:
@@ -68,8 +70,8 @@ class EngineHealth:
     raise DivergedError(
         f"stopped: the adaptive run diverged at step {self.diverged_at + 1} (smoothed loss "
         f"{self.loss:.4g}, against {self.first_loss:.4g} at the start and {self.best_loss:.4g} at "
-        f"its best; gain {self.gain:.3g}{lr}) and did not recover in {self.diverged_steps} "
-        f"steps with the LR cut to {self.lr_scale:.3g}x. {kept} Lower the baseline's learning "
+        f"its best; gain {self.gain:.3g}{lr}) and stayed diverged for {self.diverged_steps} "
+        f"steps in all, with the LR cut to {self.lr_scale:.3g}x. {kept} Lower the baseline's learning "
         f"rate, or clip the gradient norm (grad_clip_norm), and start a new --workdir.")
 
 

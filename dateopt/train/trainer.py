@@ -567,7 +567,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     clock = StepClock(exp.recipe.batch_size)
     watch = nonfinite.NonFiniteWatch(nonfinite.guard_nonfinite_count(state.opt_state),
                                      warn=lead)
-    train_metrics, eval_metrics, evaluated_at = {}, {}, None
+    train_metrics, eval_metrics, evaluated_at, metrics = {}, {}, None, {}
     step = start_step
     for step in range(start_step + 1, last + 1):
       logs_now = _every(step, config.log_every_steps, last)
@@ -641,6 +641,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
         raise _stop_and_save(stops, state, checkpointer)  # the cleanup waits for the save
     jax.block_until_ready(state)
     progress.close()
+    _engine_healthy(state, metrics, checkpointer, at_end=True)  # never "finished" diverged
     steps_taken = int(parallel.to_host(state.step))
     if evaluated_at is None or steps_taken > evaluated_at:
       eval_metrics = evaluate(exp, state, eval_fn)
@@ -669,18 +670,20 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
                      examples, largest_batch, compilations)
 
 
-def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | None) -> bool:
+def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | None,
+                    at_end: bool = False) -> bool:
   """False while an adaptive engine calls the run diverged (no checkpoint then).
 
   Raises:
-    DivergedError: the engine gave up; the newest checkpoint is the last healthy one.
+    DivergedError: the engine gave up, or the run ended diverged (`at_end`);
+      the newest checkpoint is the last healthy one.
   """
   health = EngineHealth.read(state.opt_state)
   if health is None:
     return True
   health.raise_if_gave_up(learning_rate_of(metrics),
                           checkpointer and str(checkpointer.directory),
-                          checkpointer and checkpointer.latest_step())
+                          checkpointer and checkpointer.latest_step(), at_end=at_end)
   return not health.diverged
 
 
