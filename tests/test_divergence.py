@@ -217,8 +217,8 @@ def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_check
       [sys.executable, "-m", "dateopt.cli", "--config",
        os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(tmp_path),
        "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
-       "--config.progress_bar=False", "--config.checkpoint_every_steps=20",
-       "--config.eval_every_steps=0"],
+       "--config.progress_bar=False", "--config.checkpoint_every_steps=5",
+       "--config.dataset_kwargs.num_samples=4000", "--config.eval_every_steps=0"],
       capture_output=True, text=True, env=env, timeout=600, check=False)
   assert done.returncode == 1, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]

@@ -30,7 +30,7 @@ The gap between RELAPSE and RECOVERED keeps a run that wobbles at the
 threshold from crediting progress on every other step.
 
 Before that, a loss that has given back `HOLD_SHARE` of its gains already
-stops the noise measurements and the gain's rises (`loss_rising`). While
+stops the noise measurements and sets the gain to 1 (`loss_rising`). While
 diverged, the engine credits no progress and does not raise the gain, and
 the LR scale halves at once and every `CUT_EVERY` diverged steps (floor
 `MIN_LR_SCALE`); healthy steps win it back, ×2 per `RECOVERY_STEPS`. After
@@ -61,7 +61,8 @@ STALL_DROP = 0.9
 CUT_EVERY = 10
 MIN_LR_SCALE = 1e-3
 RECOVERY_STEPS = 20
-HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: the gain holds
+HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: gain 1, no measuring
+FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise EMAs take it in
 DIVERGENCE_PATIENCE = 100  # diverged steps in all before the engine gives up
 
 
@@ -73,6 +74,7 @@ class DivergenceWatchState(NamedTuple):
     initial: the first finite loss (the initial parameters').
     first: the mean of the first `FIRST_LOSSES` losses, each capped at 2 × `initial`.
     ema: exponential mean of the loss.
+    fast: a faster one (decay `FAST_DECAY`), for `loss_rising`.
     best: lowest `ema` once `first` is known.
     diverged_steps: diverged steps in a row (0: healthy).
     diverged_total: diverged steps in all: the engine gives up at `patience`.
@@ -88,6 +90,7 @@ class DivergenceWatchState(NamedTuple):
   initial: jax.Array
   first: jax.Array
   ema: jax.Array
+  fast: jax.Array
   best: jax.Array
   diverged_steps: jax.Array
   diverged_total: jax.Array
@@ -100,7 +103,8 @@ class DivergenceWatchState(NamedTuple):
 
 def init_watch() -> DivergenceWatchState:
   zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
-  return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, jnp.full((), jnp.inf, jnp.float32),
+  return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, zero_f,
+                              jnp.full((), jnp.inf, jnp.float32),
                               zero_i, zero_i, jnp.full((), -1, jnp.int32), zero_i, zero_i,
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
@@ -145,6 +149,8 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   capped = jnp.where(state.count >= FIRST_LOSSES,
                      jnp.minimum(loss, 2.0 * BLOW_UP * state.first), opening)
   ema = keep(state.ema + weight * (capped - state.ema), state.ema)
+  fast_weight = jnp.maximum(1.0 - FAST_DECAY, weight)
+  fast = keep(state.fast + fast_weight * (capped - state.fast), state.fast)
   best = keep(jnp.where(count >= FIRST_LOSSES, jnp.minimum(state.best, ema), state.best),
               state.best)
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
@@ -160,11 +166,11 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   diverged_steps = jnp.where(diverged, state.diverged_steps + 1, 0)
   diverged_total = state.diverged_total + diverged.astype(jnp.int32)
   return DivergenceWatchState(
-      count, initial, first, ema, best, diverged_steps, diverged_total,
+      count, initial, first, ema, fast, best, diverged_steps, diverged_total,
       jnp.where(starts & (state.divergences == 0), jnp.asarray(step, jnp.int32),
                 state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
-      state.holds + _rising(count, start, ema, best).astype(jnp.int32),
+      state.holds + _rising(count, start, fast, best).astype(jnp.int32),
       lr_scale,
       state.gave_up | (diverged_total >= patience))
 
@@ -175,14 +181,15 @@ def _rising(count, first, ema, best) -> jax.Array:
 
 
 def loss_rising(state: DivergenceWatchState) -> jax.Array:
-  """Whether the run had learnt and has given back more than `HOLD_SHARE` of it.
+  """Whether the run had learnt and its loss (a 5-step mean) has given back more than
+  `HOLD_SHARE` of it.
 
   A loss on its way up makes the gradient look like noise before any rule
   fires (the scaling study's 32x LSTM: the measured gain went 3 → 30 in 60
-  steps as its loss rose from 0.6 to 2.2): `adaptive` neither measures the
-  noise nor raises the gain then.
+  steps as its loss rose from 0.6 to 2.2): `adaptive` then does not measure
+  the noise, and walks at the baseline's pace (gain 1) until the loss is back.
   """
-  return _rising(state.count, jnp.minimum(state.first, state.initial), state.ema, state.best)
+  return _rising(state.count, jnp.minimum(state.first, state.initial), state.fast, state.best)
 
 
 def _watch(opt_state: Any) -> DivergenceWatchState:

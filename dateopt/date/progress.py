@@ -29,7 +29,8 @@ warmup, the engine moves to the next rung B' when
 
     B' ≤ growth_threshold · B_noise
 
-and never shrinks. The gain and the progress are those of the batch each step
+and never shrinks, and does not climb while the divergence watch holds the
+gain (a rising loss). The gain and the progress are those of the batch each step
 really had (`GradientSqNorms.big_batch_size`), so a loop that follows the
 engine late loses nothing. `next_batch_size(opt_state)` is the batch the
 engine wants for the next step.
@@ -41,7 +42,7 @@ most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
 the gain would jump to k). With the loss as `value=`,
 `dateopt.date.divergence` watches the run: while its loss is on the way up
-the noise is not measured and the gain does not rise; once the run is
+the noise is not measured and the gain is 1 (the baseline's pace); once the run is
 diverged it holds the progress, cuts the LR, and gives up after
 `divergence_patience` steps.
 
@@ -295,11 +296,12 @@ def adaptive(
       step_batch = (state.batch_size if grad_sq_norms is None
                     else grad_sq_norms.big_batch_size)
     measured = gain_from_estimates(noise, base_batch_size, step_batch)
-    trusted = (noise.grad_sq_ema > 0) & steady
+    trusted = (noise.grad_sq_ema > 0) & healthy
     # The first GAIN_SETTLE measurements set the gain; then it may rise GAIN_RISE a step.
     gain = jnp.where(state.noise.count < GAIN_SETTLE, measured,
                      bounded_gain(measured, state.gain, trusted,
                                   jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size))
+    gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -319,8 +321,10 @@ def adaptive(
       count = state.count + 1
       next_batch = state.batch_size
       if ladder:
-        next_batch = _climb(state.batch_size, count, noise, ladder, warmup_steps,
-                            growth_threshold, growth_interval)
+        next_batch = jnp.where(steady,  # a rising loss's noise says nothing of the batch
+                               _climb(state.batch_size, count, noise, ladder, warmup_steps,
+                                      growth_threshold, growth_interval),
+                               state.batch_size)
       return new_updates, AdaptiveState(new_inner, progress, count, noise,
                                         next_batch, gain,
                                         jnp.asarray(step_batch, jnp.int32), watch)
