@@ -71,17 +71,25 @@ def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY)) -> lis
 
 class _ExplodeState(NamedTuple):
   count: Any
+  inner: Any
 
 
-def explode_gradient_at(step: int, factor: float = 1e3) -> optax.GradientTransformation:
-  """Multiplies the gradient of train step `step` (1-based) by `factor`: a fault, injected."""
+def explode_gradient_at(tx, step: int, factor: float = 1e3):
+  """`tx`, whose gradient at train step `step` (1-based) is `factor` times larger: a fault,
+  injected the way an exploding gradient reaches the optimizer (its measured squared norms
+  grow by factor², too)."""
 
-  def update_fn(updates, state, params=None):
+  def update_fn(updates, state, params=None, *, grad_sq_norms=None, **extra_args):
     scale = jnp.where(state.count + 1 == step, factor, 1.0)
-    return optax.tree.scale(scale, updates), _ExplodeState(state.count + 1)
+    if grad_sq_norms is not None:
+      grad_sq_norms = grad_sq_norms._replace(small=grad_sq_norms.small * scale**2,
+                                             big=grad_sq_norms.big * scale**2)
+    new_updates, inner = tx.update(optax.tree.scale(scale, updates), state.inner, params,
+                                   grad_sq_norms=grad_sq_norms, **extra_args)
+    return new_updates, _ExplodeState(state.count + 1, inner)
 
-  return optax.GradientTransformation(lambda _: _ExplodeState(jnp.zeros((), jnp.int32)),
-                                      update_fn)
+  return optax.GradientTransformationExtraArgs(
+      lambda params: _ExplodeState(jnp.zeros((), jnp.int32), tx.init(params)), update_fn)
 
 
 def run(spec: Run, workdir: str) -> dict[str, Any]:
@@ -89,7 +97,7 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
   build = trainer.build_optimizer
   if spec.explode_at is not None:  # the fault goes in front of the whole optimizer
     trainer.build_optimizer = lambda *a, **k: (
-        lambda tx, schedule: (optax.chain(explode_gradient_at(spec.explode_at), tx), schedule)
+        lambda tx, schedule: (explode_gradient_at(tx, spec.explode_at), schedule)
     )(*build(*a, **k))
   start, row = time.time(), {"run": spec.name}
   try:
@@ -97,6 +105,7 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
     watch = optax.tree.get(result.state.opt_state, "DivergenceWatchState")
     row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps,
                divergences=int(watch.divergences), holds=int(watch.holds),
+               gradient_jumps=int(watch.gradient_jumps),
                gave_up=bool(watch.gave_up), lr_scale=float(watch.lr_scale))
   except train.DivergedError as stop:
     row.update(status=stop.exit_code, message=str(stop))

@@ -63,6 +63,10 @@ MIN_LR_SCALE = 1e-3
 RECOVERY_STEPS = 20
 HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: gain 1, no measuring
 FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise EMAs take it in
+# A gradient whose squared norm is this many times what the noise EMAs expect at its batch
+# (100x in norm) is an explosion, not noise: Adam would keep it in its second moment for
+# thousands of steps (the main job, its gradient x1000 at step 50: 74.5%, notes/divergence.md).
+GRADIENT_JUMP = 1e4
 DIVERGENCE_PATIENCE = 100  # diverged steps in all before the engine gives up
 
 
@@ -81,7 +85,8 @@ class DivergenceWatchState(NamedTuple):
     diverged_at: the engine step at which the first divergence began; -1: never.
     divergences: divergences so far (each one a run of diverged steps).
     holds: steps so far whose loss was rising (`loss_rising`): no noise
-      measurement, no rise of the gain.
+      measurement, gain 1.
+    gradient_jumps: steps skipped by `adaptive` for a `gradient_jump`.
     lr_scale: the factor on the LR, 1 until a divergence cuts it.
     gave_up: the run stayed diverged for `patience` steps; updates are zero.
   """
@@ -97,6 +102,7 @@ class DivergenceWatchState(NamedTuple):
   diverged_at: jax.Array
   divergences: jax.Array
   holds: jax.Array
+  gradient_jumps: jax.Array
   lr_scale: jax.Array
   gave_up: jax.Array
 
@@ -106,6 +112,7 @@ def init_watch() -> DivergenceWatchState:
   return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, zero_f,
                               jnp.full((), jnp.inf, jnp.float32),
                               zero_i, zero_i, jnp.full((), -1, jnp.int32), zero_i, zero_i,
+                              zero_i,
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
 
@@ -171,8 +178,32 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
                 state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
       state.holds + _rising(count, start, fast, best).astype(jnp.int32),
+      state.gradient_jumps,
       lr_scale,
       state.gave_up | (diverged_total >= patience))
+
+
+def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
+  """Whether the step's |G_B|² exceeds `GRADIENT_JUMP` × the EMAs' |G|² + tr Σ / B.
+
+  The EMAs are bias-corrected (they start at 0); before 10 measurements,
+  or with a non-positive expectation, nothing is a jump.
+
+  Example:
+    >>> from dateopt.date.noise import GradientSqNorms, init_noise_scale, update_noise_scale
+    >>> noise = init_noise_scale()
+    >>> for _ in range(10):
+    ...   noise = update_noise_scale(noise, GradientSqNorms(5.0, 2.375, 10, 80))
+    >>> bool(gradient_jump(noise, GradientSqNorms(5e4, 2.4e4, 10, 80), 0.99))
+    True
+    >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80), 0.99))
+    False
+  """
+  correction = 1.0 - noise_decay ** noise.count.astype(jnp.float32)
+  batch = jnp.asarray(sq_norms.big_batch_size, jnp.float32)
+  expected = (noise.grad_sq_ema + noise.trace_ema / batch) / jnp.maximum(correction, 1e-12)
+  return ((noise.count >= 10) & (expected > 0)
+          & (jnp.asarray(sq_norms.big, jnp.float32) > GRADIENT_JUMP * expected))
 
 
 def _rising(count, first, ema, best) -> jax.Array:

@@ -41,7 +41,9 @@ that share (`lr_multiplier=`, which the guard passes). The gain may rise at
 most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
 the gain would jump to k). With the loss as `value=`,
-`dateopt.date.divergence` watches the run: while its loss is on the way up
+`dateopt.date.divergence` watches the run. A step whose gradient jumps
+`GRADIENT_JUMP` times its expected squared norm is skipped, so an exploding
+gradient never reaches the optimizer's moments. While its loss is on the way up
 the noise is not measured and the gain is 1 (the baseline's pace); once the run is
 diverged it holds the progress, cuts the LR, and gives up after
 `divergence_patience` steps.
@@ -62,6 +64,7 @@ import optax
 from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
+    gradient_jump,
     init_watch,
     loss_rising,
     update_watch,
@@ -287,10 +290,13 @@ def adaptive(
                            patience=divergence_patience)
     healthy = watch.diverged_steps == 0
     steady = healthy & ~loss_rising(watch)  # else the gradient's noise is the run's own
-    noise = state.noise
+    noise, jump = state.noise, jnp.array(False)
     if grad_sq_norms is not None:  # static: either always given or never
+      if divergence_patience is not None:  # static: the watch's skip of an exploding gradient
+        jump = gradient_jump(state.noise, grad_sq_norms, noise_decay)
       measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
-      noise = jax.tree.map(lambda new, old: jnp.where(steady, new, old), measured_noise, noise)
+      noise = jax.tree.map(lambda new, old: jnp.where(steady & ~jump, new, old),
+                           measured_noise, noise)
     step_batch = batch_size
     if ladder:  # the batch this step had: the norms say it, else the one asked for
       step_batch = (state.batch_size if grad_sq_norms is None
@@ -329,11 +335,12 @@ def adaptive(
                                         next_batch, gain,
                                         jnp.asarray(step_batch, jnp.int32), watch)
 
-    def idle():  # the schedule is covered, or the run gave up: nothing more to apply
+    def idle():  # the schedule is covered, the run gave up, or its gradient jumped: no update
       return (jax.tree.map(jnp.zeros_like, updates),
-              state._replace(noise=noise, watch=watch))
+              state._replace(noise=noise, watch=watch._replace(
+                  gradient_jumps=watch.gradient_jumps + jump.astype(jnp.int32))))
 
-    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up, idle, step)
+    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | jump, idle, step)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
