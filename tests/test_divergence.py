@@ -231,3 +231,42 @@ def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_check
   assert saved and max(saved) < diverged_at  # nothing saved while diverged
   assert f"step {max(saved)}," in last_line
   assert not os.path.exists(tmp_path / "final_metrics.json")
+
+
+def test_an_exploding_gradient_is_skipped_before_it_reaches_the_optimizer():
+  tx = date.adaptive(lambda learning_rate: optax.adam(learning_rate),
+                     optax.constant_schedule(1e-2), base_batch_size=32, batch_size=512,
+                     base_steps=10_000, noise_decay=0.9)
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for _ in range(12):
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(100.0, 512), value=2.0)
+  before = state
+  big = _sq_norms(100.0, 512, grad_sq=1e5)  # |G_B|² 1e5 x what the EMAs expect
+  updates, state = update({"w": jnp.full(2, 300.0)}, state, params, grad_sq_norms=big, value=2.0)
+  assert int(state.watch.gradient_jumps) == 1 and not np.any(np.asarray(updates["w"]))
+  assert float(state.progress) == float(before.progress) and int(state.count) == 12
+  jax.tree.map(np.testing.assert_array_equal, state.inner_state, before.inner_state)
+  jax.tree.map(np.testing.assert_array_equal, state.noise, before.noise)  # not measured
+  _, state = update(params, state, params, grad_sq_norms=_sq_norms(100.0, 512, grad_sq=30.0),
+                    value=2.0)  # 30x: a large gradient, not an explosion
+  assert int(state.watch.gradient_jumps) == 1 and int(state.count) == 13
+
+
+def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():
+  tx, params = _engine(), {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for loss in [2.3] * 10 + [0.5] * 100:  # learnt
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(300.0, 512), value=loss)
+  assert float(state.gain) > 5 and not bool(divergence.loss_rising(state.watch))
+  rising = _sq_norms(9000.0, 512)  # the gradient of a loss on its way up looks like noise
+  for _ in range(5):  # 0.5 -> 1.0 is 28% of the way back to 2.3: seen within a few steps
+    _, state = update(params, state, params, grad_sq_norms=rising, value=1.0)
+  assert bool(divergence.loss_rising(state.watch)) and not bool(date.diverged(state))
+  noise, progress = state.noise, float(state.progress)
+  _, state = update(params, state, params, grad_sq_norms=rising, value=1.0)
+  assert float(state.gain) == 1.0 and int(state.watch.holds) >= 2
+  assert float(state.progress) - progress == pytest.approx(1.0)  # the baseline's pace
+  jax.tree.map(np.testing.assert_array_equal, state.noise, noise)  # not measured
