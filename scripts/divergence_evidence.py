@@ -102,12 +102,14 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
   start, row = time.time(), {"run": spec.name}
   try:
     result = train.train_and_evaluate(spec.config, workdir)
+    row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps)
     watch = optax.tree.get(result.state.opt_state, "DivergenceWatchState")
-    row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps,
-               divergences=int(watch.divergences), holds=int(watch.holds),
-               gradient_jumps=int(watch.gradient_jumps),
-               gave_up=bool(watch.gave_up), lr_scale=float(watch.lr_scale))
-  except train.DivergedError as stop:
+    if watch is not None:  # None: an engine from before the watch, run for comparison
+      row.update(divergences=int(watch.divergences), holds=int(watch.holds),
+                 gradient_jumps=int(watch.gradient_jumps),
+                 gains_held=int(getattr(watch, "gains_held", -1)), gave_up=bool(watch.gave_up),
+                 lr_scale=float(watch.lr_scale))
+  except getattr(train, "DivergedError", ()) as stop:
     row.update(status=stop.exit_code, message=str(stop))
   finally:
     trainer.build_optimizer = build

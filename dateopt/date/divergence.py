@@ -87,6 +87,8 @@ class DivergenceWatchState(NamedTuple):
     holds: steps so far whose loss was rising (`loss_rising`): no noise
       measurement, gain 1.
     gradient_jumps: steps skipped by `adaptive` for a `gradient_jump`.
+    gains_held: healthy, steady steps whose gain `adaptive` kept below the measured
+      one (its rise bounded, or held on a |G|² estimate ≤ 0).
     lr_scale: the factor on the LR, 1 until a divergence cuts it.
     gave_up: the run stayed diverged for `patience` steps; updates are zero.
   """
@@ -103,6 +105,7 @@ class DivergenceWatchState(NamedTuple):
   divergences: jax.Array
   holds: jax.Array
   gradient_jumps: jax.Array
+  gains_held: jax.Array
   lr_scale: jax.Array
   gave_up: jax.Array
 
@@ -112,7 +115,7 @@ def init_watch() -> DivergenceWatchState:
   return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, zero_f,
                               jnp.full((), jnp.inf, jnp.float32),
                               zero_i, zero_i, jnp.full((), -1, jnp.int32), zero_i, zero_i,
-                              zero_i,
+                              zero_i, zero_i,
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
 
@@ -178,7 +181,7 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
                 state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
       state.holds + _rising(count, start, fast, best).astype(jnp.int32),
-      state.gradient_jumps,
+      state.gradient_jumps, state.gains_held,
       lr_scale,
       state.gave_up | (diverged_total >= patience))
 

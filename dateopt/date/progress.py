@@ -331,9 +331,11 @@ def adaptive(
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
                                       growth_threshold, growth_interval),
                                state.batch_size)
-      return new_updates, AdaptiveState(new_inner, progress, count, noise,
-                                        next_batch, gain,
-                                        jnp.asarray(step_batch, jnp.int32), watch)
+      held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
+      return new_updates, AdaptiveState(
+          new_inner, progress, count, noise, next_batch, gain,
+          jnp.asarray(step_batch, jnp.int32),
+          watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)))
 
     def idle():  # the schedule is covered, the run gave up, or its gradient jumped: no update
       return (jax.tree.map(jnp.zeros_like, updates),
