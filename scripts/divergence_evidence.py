@@ -4,6 +4,7 @@ The evidence behind notes/divergence.md (issue step 10):
 
   python scripts/divergence_evidence.py diverged --workdir runs/divergence
   python scripts/divergence_evidence.py healthy --workdir runs/divergence
+  python scripts/divergence_evidence.py baselines --workdir runs/divergence
 
 "diverged": the main job's LSTM with 1000x, 100x and 10x its tuned LR; the
 scaling study's first-pass LSTM recipe (LR 4e-3, no clipping) at 4x seed 1
@@ -11,8 +12,10 @@ and 32x seeds 1 and 2; the main job's LSTM with its gradient multiplied by
 1,000 at step 50, and at step 500. "healthy": the study's adaptive cells
 (seed 0) and the main job's adaptive run. Each line says how the run ended
 (finished, or stopped with status 1 as `dateopt-train` would), its accuracy
-and steps, and the watch's count of divergences (a false alarm, on a healthy
-run). `--only NAME` runs one of them.
+and steps, and the watch's counts: divergences (a false alarm, on a healthy
+run), steps walked at gain 1 on a rising loss, skipped gradient jumps, and
+gains the trust rules held. "baselines": the tuned recipes the bar is
+measured from. `--only NAME` runs one of them.
 """
 
 import argparse
@@ -59,6 +62,19 @@ def diverged_runs() -> list[Run]:
                               grad_clip_norm=None)))
   runs += [Run(f"main_job_explode_at_{step}", _adaptive(MAIN_JOB), step) for step in (50, 500)]
   return runs
+
+
+def baseline_runs() -> list[Run]:
+  """The baselines the bar is measured from: the main job's, and the unclipped study LSTM's."""
+  def baseline(path, seed=0, **recipe):
+    config = _adaptive(path, seed=seed, **recipe)
+    config.strategy, config.batch_size = "legw", None  # the tuned recipe as it is
+    return config
+
+  return [Run("main_job_baseline", baseline(MAIN_JOB))] + [
+      Run(f"study_lstm_noclip_baseline_seed{seed}",
+          baseline(STUDY["lstm"], seed, learning_rate=4e-3, grad_clip_norm=None))
+      for seed in (1, 2)]
 
 
 def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY)) -> list[Run]:
@@ -119,16 +135,16 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("set", choices=["diverged", "healthy"])
+  parser.add_argument("set", choices=["diverged", "healthy", "baselines"])
   parser.add_argument("--workdir", default="runs/divergence")
   parser.add_argument("--only", default=None)
   parser.add_argument("--multiples", default="2,4,8,16,32,64")
   parser.add_argument("--workloads", default="lstm,resnet")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)
-  specs = (diverged_runs() if args.set == "diverged"
-           else healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
-                             tuple(args.workloads.split(","))))
+  specs = {"diverged": diverged_runs, "baselines": baseline_runs,
+           "healthy": lambda: healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
+                                           tuple(args.workloads.split(",")))}[args.set]()
   for spec in specs:
     if args.only is None or spec.name == args.only:
       print(json.dumps(run(spec, os.path.join(args.workdir, spec.name))), flush=True)
