@@ -7,38 +7,41 @@ model (three of the scaling study's first-pass LSTM runs, and a 1000x-LR run,
 notes/divergence.md). The divergence guard cannot see it: the loss rises over
 tens of steps, not as a spike, and at chance level it stops rising at all.
 
-The watch reads the step's loss (`value=`, as `divergence_guard` does) and
-keeps three numbers: `first`, the mean of the first `FIRST_LOSSES` losses,
-each capped at twice the very first one (so a run that blows up in its first
-steps cannot lift it much);
-`ema`, an exponential mean of the loss (decay `LOSS_DECAY`, the first losses
-weighted equally, each loss capped at 2 · BLOW_UP · first so that one wild
-batch cannot trip a rule); and `best`, the lowest `ema` so far. A step is diverged
-when, `FIRST_LOSSES` losses in, one of these holds:
+The watch reads the step's loss (`value=`, as `divergence_guard` does). It
+keeps `start`, the smaller of the first loss and the mean of the first
+`FIRST_LOSSES` losses (each capped at twice the first, so a run that blows up
+in its first steps cannot lift it); `ema`, an exponential mean of the loss
+(decay `LOSS_DECAY`, the first losses weighted equally, each loss capped at
+2 · BLOW_UP · start so that one wild batch cannot trip a rule); `fast`, the
+same at decay `FAST_DECAY`; and `best`, the lowest `ema` so far.
 
-  relapse      the run had learnt (best ≤ LEARNT · first) and has climbed
-               back half the way: ema − best ≥ RELAPSE · (first − best)
-  blow-up      ema ≥ BLOW_UP · first
+A loss on its way up: once the run has learnt (best ≤ LEARNT · start) and
+`fast` has given back `HOLD_SHARE` of it (`loss_rising`), `adaptive` takes
+no noise measurement and walks at gain 1, the baseline's pace.
+
+A step is diverged when, `FIRST_LOSSES` losses in, one of these holds:
+
+  relapse      the run had learnt and has climbed back half the way:
+               ema − best ≥ RELAPSE · (start − best)
+  blow-up      ema ≥ BLOW_UP · start
   no learning  the progress covers STALL_PROGRESS of the baseline's steps,
-               and the loss never fell below STALL_DROP · first
+               and the loss never fell below STALL_DROP · start
 
-Here `first` is the smaller of the mean above and the very first loss. A
-diverged run is healthy again once its loss has fallen below STALL_DROP ·
-first and is back near its best, ema − best ≤ RECOVERED · (first − best),
-below the blow-up level.
-The gap between RELAPSE and RECOVERED keeps a run that wobbles at the
-threshold from crediting progress on every other step.
+A diverged run is healthy again once its loss has fallen below STALL_DROP ·
+start and is back near its best, ema − best ≤ RECOVERED · (start − best),
+below the blow-up level: the gap between RELAPSE and RECOVERED keeps a run
+at the threshold from flapping. While diverged, the engine credits no
+progress and does not raise the gain, and the LR scale halves at once and
+every `CUT_EVERY` diverged steps (floor `MIN_LR_SCALE`); healthy steps win it
+back, ×2 per `RECOVERY_STEPS`. After `patience` diverged steps in all (a run
+that keeps relapsing counts every time) the engine gives up for good: every
+update is zero, and `gave_up(opt_state)` says so.
 
-Before that, a loss that has given back `HOLD_SHARE` of its gains already
-stops the noise measurements and sets the gain to 1 (`loss_rising`). While
-diverged, the engine credits no progress and does not raise the gain, and
-the LR scale halves at once and every `CUT_EVERY` diverged steps (floor
-`MIN_LR_SCALE`); healthy steps win it back, ×2 per `RECOVERY_STEPS`. After
-`patience` diverged steps in all (a run that keeps relapsing counts every
-time) the engine gives up for good: every update
-is zero, and `gave_up(opt_state)` says so. A healthy run never meets a rule
-(measured on every healthy run the project has, notes/divergence.md), and
-then the engine's arithmetic is the same as without the watch, bit for bit.
+`gradient_jump` (a gradient `GRADIENT_JUMP` × its expected squared norm) is
+the watch's third test: `adaptive` skips such a step. None of these fired as
+a divergence on any healthy run the project has (notes/divergence.md); where
+nothing fires, the engine's arithmetic is that of an engine without the
+watch, bit for bit.
 """
 
 from __future__ import annotations
