@@ -70,10 +70,10 @@ def test_relapse_to_chance_is_diverged_and_recovery_needs_the_loss_back_near_its
 def test_blow_up_and_no_learning_are_diverged():
   _, flagged = _watch([2.3] * 10 + [9.0] * 20)
   assert flagged and flagged[0] < 20
-  progress = lambda step: step / 100  # reaches a quarter of the baseline's steps at step 25
-  _, flagged = _watch([2.3] * 60, progress=progress)
-  assert flagged[0] == 25
-  _, flagged = _watch([2.3] * 10 + [1.0] * 50, progress=progress)  # learnt: no alarm
+  progress = lambda step: step / 100  # a quarter of the baseline's steps at step 25
+  _, flagged = _watch([2.3] * 150, progress=progress)
+  assert flagged[0] == divergence.STALL_STEPS - 1  # and not before STALL_STEPS losses
+  _, flagged = _watch([2.3] * 10 + [1.0] * 140, progress=progress)  # learnt: no alarm
   assert flagged == []
 
 

@@ -25,7 +25,8 @@ A step is diverged when, `FIRST_LOSSES` losses in, one of these holds:
                ema − best ≥ RELAPSE · (start − best)
   blow-up      ema ≥ BLOW_UP · start
   no learning  the progress covers STALL_PROGRESS of the baseline's steps,
-               and the loss never fell below STALL_DROP · start
+               `STALL_STEPS` losses are in, and the loss never fell below
+               STALL_DROP · start
 
 A diverged run is healthy again once its loss has fallen below STALL_DROP ·
 start and is back near its best, ema − best ≤ RECOVERED · (start − best),
@@ -61,6 +62,7 @@ RECOVERED = 0.25
 BLOW_UP = 2.0
 STALL_PROGRESS = 0.25
 STALL_DROP = 0.9
+STALL_STEPS = 100  # an LSTM can sit at chance ~100 steps at any batch: a short run's quarter
 CUT_EVERY = 10
 MIN_LR_SCALE = 1e-3
 RECOVERY_STEPS = 20
@@ -129,7 +131,7 @@ def _judge(was_diverged, count, start, ema, best, progress_fraction) -> jax.Arra
   moved = best <= STALL_DROP * start
   give_back = ema - best
   blow_up = ema >= BLOW_UP * start
-  no_learning = (progress_fraction >= STALL_PROGRESS) & ~moved
+  no_learning = (progress_fraction >= STALL_PROGRESS) & (count >= STALL_STEPS) & ~moved
   enters = (learnt & (give_back >= RELAPSE * (start - best))) | blow_up | no_learning
   stays = ~moved | (give_back > RECOVERED * (start - best)) | blow_up
   return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
