@@ -1,11 +1,11 @@
 """One DATE adaptive run from a config at k x the baseline's batch, fixed or grown: one JSON line.
 
-The probe behind notes/batch_growth.md's table of growth thresholds c:
+The probe behind notes/batch_growth.md's tables of growth rules:
 
-  python scripts/date_grow_probe.py configs/mnist1d_lstm.py 64 grow 0 4 --workdir runs/probe
+  python scripts/date_grow_probe.py configs/mnist1d_lstm.py 64 grow 0 1 --workdir runs/probe
   python scripts/date_grow_probe.py configs/study_mnist1d_resnet.py 64 fixed 0
 
-Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) c.
+Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price.
 """
 
 import argparse
@@ -24,7 +24,7 @@ def main():
   parser.add_argument("multiple", type=int)
   parser.add_argument("mode", choices=["grow", "fixed"])
   parser.add_argument("seed", type=int, nargs="?", default=0)
-  parser.add_argument("growth_threshold", type=float, nargs="?", default=None)
+  parser.add_argument("step_price", type=float, nargs="?", default=None)
   parser.add_argument("--workdir", default="runs/grow_probe")
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
@@ -32,15 +32,15 @@ def main():
   config.seed, config.strategy = args.seed, "adaptive"
   config.batch_size = config.baseline.batch_size * args.multiple
   plan = {"grow_batch": args.mode == "grow"}
-  if args.mode == "grow" and args.growth_threshold is not None:
-    plan["growth_threshold"] = args.growth_threshold
+  if args.mode == "grow" and args.step_price is not None:
+    plan["step_price"] = args.step_price
   config.plan = plan
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
   start = time.time()
   result = train.train_and_evaluate(config, args.workdir)
   print(json.dumps({
-      "multiple": args.multiple, "mode": args.mode, "seed": args.seed, "c": plan.get(
-          "growth_threshold", result.recipe.growth_threshold),
+      "multiple": args.multiple, "mode": args.mode, "seed": args.seed, "step_price": plan.get(
+          "step_price", result.recipe.step_price),
       "accuracy": result.eval_metrics["accuracy"], "steps": result.steps,
       "examples": result.examples,
       "examples_vs_baseline": result.examples / (result.baseline.total_steps

@@ -44,14 +44,31 @@ def test_ladder_refuses_what_the_layout_cannot_run(base, top, quantum, match):
 
 
 def test_growth_rule_by_hand():
-  rule = lambda count, noise, nxt: bool(date.wants_next_rung(
-      count, noise, nxt, warmup_steps=30, growth_threshold=0.5, growth_interval=20))
-  assert rule(40, 256.0, 128)             # past the warmup, on the interval, 128 ≤ 0.5·256
-  assert not rule(40, 255.0, 128)         # 128 > 0.5·255
-  assert not rule(41, 1e9, 128)           # not on the interval
-  assert not rule(20, 1e9, 128)           # inside the warmup
-  assert not rule(40, float("nan"), 128)  # nothing measured yet
-  assert rule(40, float("inf"), 128)      # the signal estimate is <= 0: pure noise
+  # From 64 to 128 with B_max = 256 and a step priced at half of it (λ = 128 examples).
+  rule = lambda count, noise: bool(date.wants_next_rung(
+      count, noise, 64, 128, 256, warmup_steps=30, step_price=0.5, growth_interval=20))
+  assert rule(40, 64.0)                   # past the warmup, on the interval, 64·128 ≤ 128·64
+  assert not rule(40, 63.9)               # 64·128 > 128·63.9
+  assert not rule(41, 1e9)                # not on the interval
+  assert not rule(20, 1e9)                # inside the warmup
+  assert not rule(40, float("nan"))       # nothing measured yet
+  assert rule(40, float("inf"))           # the signal estimate is <= 0: pure noise
+
+
+@pytest.mark.parametrize("step_price", [0.25, 1.0, 4.0])
+def test_growth_rule_stops_at_the_rung_that_makes_progress_cheapest(step_price):
+  """McCandlish's trade-off, brute force: a baseline step costs (B + λ)/r(B) at batch B."""
+  ladder = date.batch_ladder(32, 4096)
+  price = step_price * ladder[-1]
+  for noise in np.geomspace(5.0, 50_000.0, 60):
+    climbed = ladder[0]
+    for upper in ladder[1:]:
+      if not date.wants_next_rung(100, noise, climbed, upper, ladder[-1], warmup_steps=0,
+                                  step_price=step_price):
+        break
+      climbed = upper
+    cost = {b: (b + price) / date.adascale_gain(noise, 32, b) for b in ladder}
+    assert cost[climbed] == pytest.approx(min(cost.values()), rel=1e-12), noise
 
 
 # --- The engine ------------------------------------------------------------------------------
@@ -63,11 +80,11 @@ def _sq_norms(noise_scale, batch, groups=4, grad_sq=1.0):
   return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
 
 
-def _engine(ladder, warmup=0, threshold=1.0):
+def _engine(ladder, warmup=0, step_price=1.0):
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                        optax.constant_schedule(0.1), base_batch_size=ladder[0],
                        batch_size=ladder[-1], base_steps=10_000, warmup_steps=warmup,
-                       batch_sizes=ladder, growth_threshold=threshold, noise_decay=0.0)
+                       batch_sizes=ladder, step_price=step_price, noise_decay=0.0)
 
 
 def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch():
@@ -89,14 +106,14 @@ def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_ba
 
 
 def test_engine_stops_below_the_noise_scale_and_never_shrinks():
-  tx = _engine((32, 64, 128, 256))
+  tx = _engine((32, 64, 128, 256), step_price=0.25)  # λ = 64 examples
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
   seen = []
   for step in range(100):
     batch = int(date.next_batch_size(state))
     seen.append(batch)
-    noise = 100.0 if step < 60 else 10.0    # 64 ≤ 100 < 128, then far below every rung
+    noise = 100.0 if step < 60 else 10.0    # 32·64 ≤ 64·100 < 64·128, then 32·64 > 64·10
     _, state = tx.update({"w": jnp.ones(2)}, state, params,
                          grad_sq_norms=_sq_norms(noise, batch))
   assert max(seen) == 64 and seen[-1] == 64 and seen == sorted(seen)
@@ -165,10 +182,11 @@ def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup):
 
 
 def test_budget_of_a_growing_batch_by_hand():
-  # B_noise = 256 throughout, no warmup, c = 1, interval 20: rungs 32, 64, ..., 256, then it stays.
-  budget = date.predicted_budget(256.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
+  # B_noise = 200 throughout, no warmup, a step priced at B_max = 512, interval 20: rungs 32,
+  # 64, 128, 256 (128·256 ≤ 512·200), then it stays (256·512 > 512·200).
+  budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
                                  base_steps=1000)
-  gains = [date.adascale_gain(256.0, 32, b) for b in (32, 64, 128, 256)]
+  gains = [date.adascale_gain(200.0, 32, b) for b in (32, 64, 128, 256)]
   covered = 20 * sum(gains[:3])   # 20 steps at each of the first three rungs
   rest = -(-(1000 - covered) // gains[3])
   assert budget["steps"] == 60 + rest and budget["largest_batch_size"] == 256
@@ -200,8 +218,8 @@ def test_grow_batch_is_refused_outside_the_adaptive_strategy():
     base.replace(grow_batch=True)
   with pytest.raises(TypeError, match="a profile is for 'adaptive'"):
     date.plan(base, 512, "legw", noise_scale=[100.0, 200.0])
-  with pytest.raises(ValueError, match="growth_threshold"):
-    date.plan(base, 512, "adaptive", grow_batch=True, growth_threshold=0.0)
+  with pytest.raises(ValueError, match="step_price"):
+    date.plan(base, 512, "adaptive", grow_batch=True, step_price=0.0)
 
 
 # --- The data stream ------------------------------------------------------------------------
@@ -231,8 +249,9 @@ def test_stream_serves_every_example_once_per_epoch_whatever_the_batch_sizes():
 def _growing_config(**overrides):
   config = tiny_config.get_config()  # MNIST-1D LSTM, B0 = 16, 120 baseline steps
   config.strategy, config.batch_size, config.grad_groups = "adaptive", 128, 4
-  # c = 1000: every rung is due as soon as the rule looks (every 20 steps after the warmup).
-  config.plan = dict(grow_batch=True, growth_threshold=1000.0)
+  # A step priced at 1000 largest batches: every rung is due as soon as the rule looks (every
+  # 20 steps after the warmup).
+  config.plan = dict(grow_batch=True, step_price=1000.0)
   config.log_every_steps, config.checkpoint_every_steps = 5, -1
   for key, value in overrides.items():
     setattr(config, key, value)

@@ -71,7 +71,7 @@ from dateopt.date.planner import (
     plan,
     plan_predicted_steps,
 )
-from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD, OPTIMIZERS, Recipe
+from dateopt.date.recipe import GAIN_RULES, OPTIMIZERS, STEP_PRICE, Recipe
 from dateopt.date.stats import (
     StatisticsState,
     TrainingStatistics,
@@ -92,13 +92,13 @@ __all__ = [
     "GAIN_SETTLE",
     "GAIN_RULES",
     "GROWTH_INTERVAL",
-    "GROWTH_THRESHOLD",
     "GradientSqNorms",
     "LargeBatchWarning",
     "NoiseMeasurementState",
     "NoiseScaleState",
     "OPTIMIZERS",
     "Recipe",
+    "STEP_PRICE",
     "STRATEGIES",
     "StatisticsState",
     "TrainingStatistics",

@@ -89,7 +89,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
                   noise_decay=noise_decay, batch_sizes=ladder,
-                  growth_threshold=recipe.growth_threshold,
+                  step_price=recipe.step_price,
                   divergence_patience=divergence_patience)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)

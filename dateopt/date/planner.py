@@ -11,7 +11,7 @@ from typing import Mapping, Sequence
 from dateopt import schedules
 from dateopt.date.noise import expected_efficiency, predicted_steps
 from dateopt.date.progress import GROWTH_INTERVAL, batch_ladder, predicted_budget
-from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD, MOMENTUM_OPTIMIZERS, Recipe
+from dateopt.date.recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, STEP_PRICE, Recipe
 from dateopt.validation import check_choice, check_range, check_type
 
 STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
@@ -54,7 +54,7 @@ def plan(
     gain_rule: str = "linear",
     linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
     grow_batch: bool = False,
-    growth_threshold: float = GROWTH_THRESHOLD,
+    step_price: float = STEP_PRICE,
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
@@ -116,8 +116,9 @@ def plan(
     gain_rule: "adaptive" only: "linear" or "sqrt" (see above).
     linear_warmup_epochs: "linear" only: the warmup's epochs (Goyal's 5).
     grow_batch: "adaptive" only: grow the batch up to `batch_size`.
-    growth_threshold: with `grow_batch`: c of the rule "the next rung B'
-      once B' ≤ c · B_noise".
+    step_price: with `grow_batch`: a step's price in examples of the
+      largest batch, in the rule "from rung B to B' once
+      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -154,7 +155,7 @@ def plan(
       raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
-                          critical_batch_factor, grow_batch, growth_threshold)
+                          critical_batch_factor, grow_batch, step_price)
   if grow_batch:
     raise ValueError(f"grow_batch=True is a rule of the 'adaptive' strategy (the measured noise "
                      f"scale chooses the batch); got strategy={strategy!r}.")
@@ -205,7 +206,7 @@ def plan(
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                    noise_scale: float | Sequence[float] | None, critical_batch_factor: float,
-                   grow_batch: bool, growth_threshold: float) -> Recipe:
+                   grow_batch: bool, step_price: float) -> Recipe:
   """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
   check_range("batch_size", batch_size, low=baseline.batch_size)
   k = batch_size / baseline.batch_size
@@ -229,30 +230,35 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
     why["warmup_epochs"] = (f"LEGW: the baseline's {warmup} steps, at the first rung, "
                             f"a ramp from 0")
     why["grow_batch"] = (f"start at {ladder[0]}, one rung up every {GROWTH_INTERVAL} steps "
-                         f"after the warmup while B_next ≤ {growth_threshold:g}·B_noise, never "
-                         f"down (Smith et al. 2018; McCandlish et al. 2018)")
+                         f"after the warmup while B·B_next ≤ {step_price:g}·{batch_size:,}·"
+                         f"B_noise (a step priced at {step_price:g} × {batch_size:,} examples), "
+                         f"never down (Smith et al. 2018; McCandlish et al. 2018)")
+    why["step_price"] = (f"a step costs {step_price:g} × {batch_size:,} examples: the ladder "
+                         f"takes the rung with the cheapest progress, (B + price)/r(B) "
+                         f"(McCandlish et al. 2018: B* = √(price·B_noise))"
+                         + (" (the default)" if step_price == STEP_PRICE else ""))
     why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
   if noise_scale is not None:
     why.update(_budget_notes(noise_scale, baseline, batch_size, critical_batch_factor,
-                             grow_batch, growth_threshold))
+                             grow_batch, step_price))
   try:
     return baseline.replace(batch_size=batch_size, base_batch_size=baseline.batch_size,
                             gain_rule=gain_rule, grow_batch=grow_batch,
-                            growth_threshold=growth_threshold, rationale=why)
+                            step_price=step_price, rationale=why)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
                      f"from batch {baseline.batch_size})") from e
 
 
 def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch_factor: float,
-                  grow_batch: bool, growth_threshold: float) -> dict[str, str]:
+                  grow_batch: bool, step_price: float) -> dict[str, str]:
   """The rationale's prediction rows for a measured noise scale (a number or a profile)."""
   profile = _noise_profile(noise_scale)
   budget = predicted_budget(
       profile, base_batch_size=baseline.batch_size,
       batch_sizes=_batches_of(baseline.batch_size, batch_size, grow_batch),
       base_steps=baseline.total_steps, warmup_steps=baseline.warmup_steps,
-      growth_threshold=growth_threshold)
+      step_price=step_price)
   what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
           else f"a {len(profile)}-point B_noise profile, median {statistics.median(profile):,.0f}")
   notes = {}
@@ -308,7 +314,7 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(profile, base_batch_size=recipe.base_batch_size, batch_sizes=ladder,
                           base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps,
-                          growth_threshold=recipe.growth_threshold)["steps"]
+                          step_price=recipe.step_price)["steps"]
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

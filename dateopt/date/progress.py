@@ -25,11 +25,16 @@ measured noise scale grows, the way Smith et al. (ICLR 2018, "Don't decay the
 learning rate, increase the batch size") and McCandlish et al. (2018, the
 critical batch grows in training) suggest, and Pollux (Qiao et al., OSDI
 2021) does with AdaScale's gain. Every `growth_interval` steps after the
-warmup, the engine moves to the next rung B' when
+warmup, the engine moves from rung B to the next rung B' when
 
-    B' ≤ growth_threshold · B_noise
+    B · B' ≤ step_price · B_max · B_noise
 
-and never shrinks, and does not climb while the divergence watch holds the
+and never shrinks. The rule prices a step at λ = step_price · B_max examples
+and takes the rung that makes the run cheapest: a baseline step of progress
+costs (B + λ)/r(B) ∝ B + λ + B_noise + λ·B_noise/B at batch B, smaller at B'
+exactly when B·B' ≤ λ·B_noise; its continuous optimum is McCandlish's
+B* = √(λ·B_noise). The batch follows the square root of the noise scale, not
+the noise scale itself (notes/batch_growth.md has the evidence), and does not climb while the divergence watch holds the
 gain (a rising loss). The gain and the progress are those of the batch each step
 really had (`GradientSqNorms.big_batch_size`), so a loop that follows the
 engine late loses nothing. `next_batch_size(opt_state)` is the batch the
@@ -78,7 +83,7 @@ from dateopt.date.noise import (
     noise_scale,
     update_noise_scale,
 )
-from dateopt.date.recipe import GAIN_RULES, GROWTH_THRESHOLD
+from dateopt.date.recipe import GAIN_RULES, STEP_PRICE
 from dateopt.validation import check_choice, check_range
 
 
@@ -149,27 +154,37 @@ def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int 
   return tuple(rungs)
 
 
-def wants_next_rung(count, noise_scale_now, next_batch_size, *, warmup_steps: int,
-                    growth_threshold: float = GROWTH_THRESHOLD,
+def wants_next_rung(count, noise_scale_now, batch_size, next_batch_size, max_batch_size, *,
+                    warmup_steps: int, step_price: float = STEP_PRICE,
                     growth_interval: int = GROWTH_INTERVAL):
   """The growth rule, for Python numbers or jax arrays alike (the engine and the planner).
 
   After `count` steps: past the warmup, on a multiple of `growth_interval`,
-  and with the next rung within `growth_threshold` × B_noise (a NaN B_noise,
-  before the first measurement, never grows).
+  and with B · B' ≤ step_price · B_max · B_noise, where the next rung B' makes
+  a baseline step of progress cheaper than B does, a step priced at
+  step_price · B_max examples (a NaN B_noise, before the first measurement,
+  never grows).
+
+  Example:
+    >>> # B_max = 2048, B_noise = 100: λ·B_noise = 204,800; 256 · 512 = 131,072 fits
+    >>> wants_next_rung(100, 100.0, 256, 512, 2048, warmup_steps=80)
+    True
+    >>> wants_next_rung(100, 100.0, 512, 1024, 2048, warmup_steps=80)
+    False
   """
   return ((count >= max(warmup_steps, 1)) & (count % growth_interval == 0)
-          & (noise_scale_now * growth_threshold >= next_batch_size))
+          & (noise_scale_now * (step_price * max_batch_size)
+             >= batch_size * next_batch_size))
 
 
-def _climb(batch_size, count, noise_state, ladder, warmup_steps, growth_threshold,
-           growth_interval):
+def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, growth_interval):
   """The next step's batch: one rung up when `wants_next_rung`, else the same."""
   rungs = jnp.asarray(ladder, jnp.int32)
   position = jnp.searchsorted(rungs, batch_size)
   upper = rungs[jnp.minimum(position + 1, len(ladder) - 1)]
-  grow = wants_next_rung(count, noise_scale(noise_state), upper.astype(jnp.float32),
-                         warmup_steps=warmup_steps, growth_threshold=growth_threshold,
+  grow = wants_next_rung(count, noise_scale(noise_state), batch_size.astype(jnp.float32),
+                         upper.astype(jnp.float32), float(ladder[-1]),
+                         warmup_steps=warmup_steps, step_price=step_price,
                          growth_interval=growth_interval)
   return jnp.where(grow, upper, batch_size)
 
@@ -209,7 +224,7 @@ def adaptive(
     gain_rule: str = "linear",
     noise_decay: float = 0.99,
     batch_sizes: Sequence[int] | None = None,
-    growth_threshold: float = GROWTH_THRESHOLD,
+    step_price: float = STEP_PRICE,
     growth_interval: int = GROWTH_INTERVAL,
     divergence_patience: int | None = DIVERGENCE_PATIENCE,
 ) -> optax.GradientTransformationExtraArgs:
@@ -236,7 +251,8 @@ def adaptive(
     batch_sizes: a growing batch: the ladder of batch sizes, increasing and
       ending at `batch_size` (`batch_ladder`). None: the batch stays at
       `batch_size`.
-    growth_threshold: c of the growth rule B_next ≤ c · B_noise.
+    step_price: the growth rule's price of a step, in examples of the largest
+      batch (B · B_next ≤ step_price · B_max · B_noise; `wants_next_rung`).
     growth_interval: steps between two looks at the growth rule.
     divergence_patience: diverged steps in all (`dateopt.date.divergence`)
       before the engine gives up; None turns the watch off. The watch needs
@@ -269,7 +285,7 @@ def adaptive(
   check_choice("gain_rule", gain_rule, GAIN_RULES)
   check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
-  check_range("growth_threshold", growth_threshold, low=0.0, low_inclusive=False)
+  check_range("step_price", step_price, low=0.0, low_inclusive=False)
   check_range("growth_interval", growth_interval, low=1)
   if divergence_patience is not None:
     check_range("divergence_patience", divergence_patience, low=1)
@@ -329,7 +345,7 @@ def adaptive(
       if ladder:
         next_batch = jnp.where(steady,  # a rising loss's noise says nothing of the batch
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
-                                      growth_threshold, growth_interval),
+                                      step_price, growth_interval),
                                state.batch_size)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
       return new_updates, AdaptiveState(
@@ -384,7 +400,7 @@ def next_batch_size(opt_state: Any) -> jax.Array:
 
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,
                      batch_sizes: Sequence[int], base_steps: int, warmup_steps: int = 0,
-                     growth_threshold: float = GROWTH_THRESHOLD,
+                     step_price: float = STEP_PRICE,
                      growth_interval: int = GROWTH_INTERVAL) -> dict[str, float]:
   """Steps, examples and the largest batch of an adaptive run, by McCandlish's law.
 
@@ -424,8 +440,8 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     progress += ramp * gain
     steps, examples = steps + 1, examples + ladder[rung]
     if rung + 1 < len(ladder) and wants_next_rung(
-        steps, noise, ladder[rung + 1], warmup_steps=warmup_steps,
-        growth_threshold=growth_threshold, growth_interval=growth_interval):
+        steps, noise, ladder[rung], ladder[rung + 1], ladder[-1], warmup_steps=warmup_steps,
+        step_price=step_price, growth_interval=growth_interval):
       rung += 1
   return {"steps": steps, "examples": examples,
           "examples_vs_baseline": examples / (base_steps * base_batch_size),

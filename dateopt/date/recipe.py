@@ -32,9 +32,10 @@ _DECAY_FIELDS = {
     "constant": (),
 }
 GAIN_RULES = ("linear", "sqrt")
-# DATE's growing batch: the next rung B' once B' ≤ GROWTH_THRESHOLD · B_noise. Chosen on the
-# scaling study's two workloads, one value for every workload (notes/batch_growth.md).
-GROWTH_THRESHOLD = 1.0
+# DATE's growing batch: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise, a step
+# priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
+# workloads and the main job, one value for every workload (notes/batch_growth.md).
+STEP_PRICE = 1.0
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
@@ -134,8 +135,9 @@ class Recipe:
     grow_batch: adaptive mode only: `batch_size` is the largest batch, and the
       run starts at the baseline's and climbs a ladder of doublings as the
       measured noise scale grows (`dateopt.date.adaptive`'s `batch_sizes`).
-    growth_threshold: grow_batch only: c of the rule "the next rung B' once
-      B' ≤ c · B_noise".
+    step_price: grow_batch only: the price of a step, in examples of the
+      largest batch, in the rule "from rung B to B' once
+      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
 
@@ -178,7 +180,7 @@ class Recipe:
   base_batch_size: int | None = _spec(None, kind="optional_int", low=1)
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
   grow_batch: bool = _spec(False, kind="bool")
-  growth_threshold: float = _spec(GROWTH_THRESHOLD, kind="float", low=0.0, low_inclusive=False)
+  step_price: float = _spec(STEP_PRICE, kind="float", low=0.0, low_inclusive=False)
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
   def __post_init__(self):
@@ -276,7 +278,7 @@ class Recipe:
     if self.adaptive:
       used |= set(_ADAPTIVE_FIELDS)
     if self.grow_batch:
-      used.add("growth_threshold")
+      used.add("step_price")
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
 
   # ---- serialisation ----------------------------------------------------
