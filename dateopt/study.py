@@ -700,11 +700,14 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
   Per workload and k with both strategies: the means over seeds, the ratios
   grown/fixed, and the accuracy against the baseline's (issue 18's bar reads
   these at 64x: ≤ 1.3x the steps, ≤ 0.6x (LSTM) or 0.5x (ResNet) the examples,
-  within `tolerance` points).
+  within `tolerance` points). "dominated" counts the grown runs (seeds) for
+  which some fixed-batch run of the workload, at any k, took as few steps
+  with fewer examples: the Pareto claim wants 0.
   """
   lines = ["| workload | k | seeds | fixed steps | grown steps | steps ratio | fixed examples x B0·T0 "
-           "| grown examples x B0·T0 | examples ratio | grown accuracy vs baseline | largest batch |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| grown examples x B0·T0 | examples ratio | grown accuracy vs baseline | largest batch "
+           "| dominated |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   mean = lambda members, key: statistics.mean(r[key] for r in members)
   for workload in sorted({r["workload"] for r in rows}):
     of = lambda strategy, k=None: [r for r in rows if r["workload"] == workload
@@ -721,6 +724,17 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
           f"| {mean(grown, 'steps'):,.0f} | {mean(grown, 'steps') / mean(fixed, 'steps'):.2f} "
           f"| {mean(fixed, 'examples') / budget:.2f} | {mean(grown, 'examples') / budget:.2f} "
           f"| {mean(grown, 'examples') / mean(fixed, 'examples'):.2f} | {accuracy:+.2f} points "
-          f"| {max(r.get('largest_batch', r['batch']) for r in grown):,} |")
+          f"| {max(r.get('largest_batch', r['batch']) for r in grown):,} "
+          f"| {sum(dominated(run, of('adaptive')) for run in grown)}/{len(grown)} |")
   return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def dominated(run: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> bool:
+  """Whether one of `others` took at most `run`'s steps with fewer examples (Pareto).
+
+  Example:
+    >>> dominated({"steps": 900, "examples": 5e5}, [{"steps": 850, "examples": 4e5}])
+    True
+  """
+  return any(o["steps"] <= run["steps"] and o["examples"] < run["examples"] for o in others)
 

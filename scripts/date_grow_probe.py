@@ -36,6 +36,7 @@ def main():
     plan["step_price"] = args.step_price
   config.plan = plan
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
+  config.overwrite = True  # a probe replaces the last one in its workdir
   start = time.time()
   result = train.train_and_evaluate(config, args.workdir)
   print(json.dumps({

@@ -135,6 +135,24 @@ def test_summary_tables_and_bar_by_hand(tmp_path):
   assert lines[2]["steps_to_target"] == "60" and lines[3]["steps_to_target"] == ""
 
 
+def test_growth_report_by_hand():
+  rows = _rows()[:2] + [
+      _row("adaptive", 16, 0, 0.97, 200, [(200, 0.97)]),     # 200 steps, 102,400 examples
+      _row("adaptive", 64, 0, 0.97, 100, [(100, 0.97)]),     # 100 steps, 204,800 examples
+      dict(_row("adaptive_grow", 64, 0, 0.965, 120, [(120, 0.965)]), examples=80_000,
+           largest_batch=1024),                            # below both fixed runs
+      dict(_row("adaptive_grow", 64, 1, 0.965, 210, [(210, 0.965)]), examples=150_000,
+           largest_batch=2048),                            # 16x took fewer steps, fewer examples
+  ]
+  text = study.growth_report(rows)
+  # Baseline: 1000 steps x 32, 97%. Fixed 64x: 100 steps, 6.40x. Grown: 165 steps, 115,000
+  # examples = 3.59x (0.56 of fixed), 96.5%.
+  assert ("| w | 64 | 2 | 100 | 165 | 1.65 | 6.40 | 3.59 | 0.56 | -0.50 points | 2,048 | 1/2 |"
+          in text)
+  assert not study.dominated(rows[4], [rows[2], rows[3]])
+  assert study.dominated(rows[5], [rows[2], rows[3]])
+
+
 def test_study_figures_are_written(tmp_path):
   pytest.importorskip("matplotlib")
   from dateopt import plots
@@ -144,6 +162,12 @@ def test_study_figures_are_written(tmp_path):
     assert os.path.getsize(path) > 5000
   path = plots.plot_accuracy_vs_batch(summary, str(tmp_path / "acc.png"))
   assert os.path.getsize(path) > 5000
+  unreached = [dict(e, steps_to_target=None) for e in summary]  # a short run: none got there
+  for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+    assert os.path.getsize(draw(unreached, str(tmp_path / "u.png"), noise_scale=300.0)) > 5000
+  for noise in (float("inf"), float("nan"), 0.0):  # a short run's baseline measured none
+    for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+      assert os.path.getsize(draw(summary, str(tmp_path / "n.png"), noise_scale=noise)) > 5000
 
 
 def _quick(outdir):
