@@ -23,8 +23,16 @@ FLAGS = flags.FLAGS
 # Unlocked, and new keys accepted: the free-form sub-dicts (config.plan, config.guard_kwargs,
 # ...) start empty, so `--config.plan.gain_rule=sqrt` adds a key. A misspelt key is refused
 # by the trainer's config check instead, in one line naming it.
-config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=False,
-                                accept_new_attributes=True)
+config_flags.DEFINE_config_file(
+    "config", None,
+    "A config file (configs/mnist1d_lstm.py, ...). Any field can be overridden: "
+    "--config.batch_size=2048 (the target batch; None: the baseline's), "
+    "--config.strategy=adaptive (legw, linear, sqrt, none, adaptive), "
+    "--config.plan.grow_batch=True (adaptive: grow the batch up to batch_size), "
+    "--config.num_train_steps=N (-1: the recipe's length), --config.seed=N, "
+    "--config.checkpoint_every_steps=N (-1: never), --config.eval_every_steps=N, "
+    "--config.data_dir=/path, --config.baseline.learning_rate=x (the tuned recipe).",
+    lock_config=False, accept_new_attributes=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and the planned recipe go here: "
                     "a local path or gs://bucket/run (needs the dateopt[gcp] extra).")
 flags.DEFINE_enum("jax_distributed", "auto", ["auto", "on", "off"],
@@ -36,6 +44,8 @@ flags.DEFINE_string("coordinator_address", None,
 flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host).")
 flags.DEFINE_integer("process_id", None, "This process's index (multi-host).")
 flags.mark_flags_as_required(["config", "workdir"])
+_OWN_FLAGS = ("config", "workdir", "jax_distributed", "coordinator_address", "num_processes",
+              "process_id")
 
 
 def main(argv=None):
@@ -70,14 +80,20 @@ def main(argv=None):
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing, with a bad flag or override as one line and status 2.
+  """absl's flag parsing, with a bad flag, override or config file as one line and status 2.
 
-  absl would print "FATAL Flags parsing error" and a usage hint, with status 1.
+  absl would print "FATAL Flags parsing error" and a usage hint, with status 1;
+  ml_collections raises its own errors from inside the parse (an override
+  `--config..batch_size=5` that is no field path, a config file that fails).
   """
+  for name in _OWN_FLAGS:  # --help lists the key flags of the module named by argv[0]
+    FLAGS.register_key_flag_for_module(argv[0], FLAGS[name])
   try:
     return FLAGS(argv)
   except flags.Error as error:
     sys.exit(_fail(f"error: {error}", 2))
+  except Exception as error:  # pylint: disable=broad-except  # all of it is the user's input
+    sys.exit(_fail(f"error: {type(error).__name__}: {error}", 2))
 
 
 def _fail(message: str, status: int) -> int:

@@ -246,8 +246,14 @@ def _finish(fig, path: str | None, title: str | None):
 
 
 def _save(fig, ax, path: str, title: str | None) -> str:
+  lim = ax.dataLim
+  if not (math.isfinite(lim.x0) and math.isfinite(lim.y0)):  # no point (no run got there)
+    ax.set_xscale("linear")  # log axes without data fail to draw
+    ax.set_yscale("linear")
+    ax.text(0.5, 0.5, "no run to show", transform=ax.transAxes, ha="center", va="center")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=8)
+  if ax.get_legend_handles_labels()[0]:
+    ax.legend(fontsize=8)
   if title:
     ax.set_title(title)
   fig.tight_layout()
@@ -278,6 +284,12 @@ def _by_strategy(summary: Sequence[Mapping], key: str) -> dict[str, list[Mapping
     if strategy != "baseline" and len(entries) > len(baseline):
       out[strategy] = entries
   return out
+
+
+def _drawable_noise_scale(noise_scale: float) -> bool:
+  """Whether the law can be drawn on log axes: a short run may measure no finite B_noise
+  (inf while its |G|² estimate is <= 0), which makes the law's curves 0 or NaN."""
+  return math.isfinite(noise_scale) and noise_scale > 0
 
 
 def plot_accuracy_vs_batch(summary: Sequence[Mapping], path: str, *,
@@ -320,7 +332,8 @@ def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: 
     ax.plot([e["batch"] for e in entries], [e["steps_to_target"] for e in entries],
             marker="o", markersize=3.5, linewidth=1.3, label=STRATEGIES[strategy])
   baseline = next((e for e in summary if e["strategy"] == "baseline"), None)
-  if baseline is not None and baseline["steps_to_target"] is not None:
+  if (baseline is not None and baseline["steps_to_target"] is not None
+      and _drawable_noise_scale(noise_scale)):
     b0, s0 = baseline["base_batch"], baseline["steps_to_target"]
     batches = sorted({e["batch"] for e in summary})
     grid = [b0 * 2 ** (i / 8) for i in range(int(8 * math.log2(max(batches) / b0)) + 1)]
@@ -354,13 +367,14 @@ def plot_steps_vs_examples(summary: Sequence[Mapping], path: str, *, noise_scale
   for e, x, y in zip(entries, examples, steps):
     ax.annotate(f"{e['batch']:,}", (x, y), textcoords="offset points", xytext=(4, 4),
                 fontsize=7)
-  if entries:
+  if entries and _drawable_noise_scale(noise_scale):
     b0, s0 = entries[0]["batch"], entries[0]["steps_to_target"]
     s_min = s0 / (1 + noise_scale / b0)
     batches = [b0 * 2 ** (i / 8) for i in range(8 * 12 + 1)]
     ax.plot([s_min * (b + noise_scale) for b in batches],
             [s_min * (1 + noise_scale / b) for b in batches], "k--", linewidth=1.1,
             label=f"law (B_noise = {noise_scale:,.0f})")
+  if entries:
     ax.set_xlim(min(examples) / 2, max(examples) * 2)
     ax.set_ylim(min(steps) / 2, max(steps) * 2)
   ax.set_xscale("log")

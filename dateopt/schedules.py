@@ -165,7 +165,9 @@ def warmup_decay_schedule(
   check_range("warmup_steps", warmup_steps, low=0, high=total_steps,
               high_inclusive=False)
   check_choice("decay", decay, DECAYS)
-  # A "decay" that ends above its peak would climb (to 500x the peak, say).
+  check_range("peak_value", peak_value, low=0.0)  # first: the others are bounded by it
+  # A warmup that starts, or a "decay" that ends, above its peak would run the wrong way.
+  check_range("init_value", init_value, low=0.0, high=peak_value)
   check_range("end_value", end_value, low=0.0, high=peak_value)
   decay_steps = total_steps - warmup_steps
   if decay == "polynomial":

@@ -63,6 +63,7 @@ def train_once(config, seed: int, training: str, workdir: str) -> list[dict]:
   config = config.copy_and_resolve_references()
   config.seed = seed
   config.polish.mode = training
+  config.overwrite = True  # a rerun of a seed replaces its run
   started = time.perf_counter()
   result = train.train_and_evaluate(config, workdir)
   exp = train.build_experiment(config)

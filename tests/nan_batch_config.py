@@ -1,8 +1,9 @@
 """The tiny config with NaN in the training batches of some steps (tests/test_faults.py).
 
 `--config tests/nan_batch_config.py:7,8` poisons the batches of steps 7 and 8;
-`:3-` those of step 3 and every step after it. One input value of the batch is
-NaN, as a corrupt record would make it.
+`:3-` those of step 3 and every step after it; `:3-%2` those of every other step
+from step 3 (3, 5, 7, ...). One input value of the batch is NaN, as a corrupt
+record would make it.
 """
 
 import os
@@ -17,10 +18,11 @@ import tiny_config  # tests/tiny_config.py  # pylint: disable=wrong-import-posit
 
 
 def _poisoned_steps(spec: str):
-  """"7,8" -> steps 7 and 8; "3-" -> step 3 and every later step."""
-  if spec.endswith("-"):
-    first = int(spec[:-1])
-    return lambda step: step >= first
+  """"7,8" -> steps 7 and 8; "3-" -> step 3 and every later step; "3-%2" -> 3, 5, 7, ..."""
+  if "-" in spec:
+    first, _, every = spec.partition("-")
+    first, every = int(first), int(every.lstrip("%") or 1)
+    return lambda step: step >= first and (step - first) % every == 0
   steps = {int(s) for s in spec.split(",")}
   return lambda step: step in steps
 

@@ -21,10 +21,11 @@ import time
 
 import jax
 import numpy as np
+import optax
 import pytest
 
 import dateopt
-from dateopt import date, plots, train
+from dateopt import date, plots, schedules, train
 from dateopt.train import checkpoint, metrics, nonfinite, preemption, recipe_record, workdir_lock
 
 import tiny_config  # tests/tiny_config.py
@@ -168,15 +169,31 @@ def test_sigterm_saves_the_step_and_the_rerun_ends_bit_identical(cli, reference,
   _assert_same_metrics_as(reference[0], tmp_path)
 
 
-def test_sigint_stops_the_same_way_with_status_130(cli, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_sigint_and_sighup_stop_the_same_way(cli, tmp_path, signum):
   proc = cli.start(tmp_path)
   _wait_for(lambda: _logged(tmp_path), proc)
-  proc.send_signal(signal.SIGINT)
+  proc.send_signal(signum)
   _, stderr = proc.communicate(timeout=120)
-  assert proc.returncode == 130, stderr[-3000:]
-  step = int(re.search(r"preempted \(SIGINT\) at step (\d+); checkpoint saved",
-                       _one_message(stderr)).group(1))
+  assert proc.returncode == 128 + signum, stderr[-3000:]
+  step = int(re.search(rf"preempted \({signal.Signals(signum).name}\) at step (\d+); "
+                       r"checkpoint saved", _one_message(stderr)).group(1))
   assert _complete_checkpoints(tmp_path)[-1] == step
+
+
+def test_a_second_sigterm_waits_for_the_save(cli, tmp_path):
+  proc = cli.start(tmp_path)
+  _wait_for(lambda: _logged(tmp_path), proc)
+  proc.send_signal(signal.SIGTERM)
+  time.sleep(0.05)  # a scheduler that repeats itself
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  lines = [line for line in stderr.splitlines() if line.startswith("dateopt-train:")]
+  step = int(re.search(r"preempted \(SIGTERM\) at step (\d+); checkpoint saved",
+                       lines[-1]).group(1))
+  assert _complete_checkpoints(tmp_path)[-1] == step and "Traceback" not in stderr
+  assert all("SIGTERM again: still stopping" in line for line in lines[:-1])
 
 
 def test_sigkill_resumes_from_the_last_complete_checkpoint(cli, reference, tmp_path):
@@ -206,9 +223,10 @@ def test_stop_requests_install_and_restore_the_handlers():
       assert not stops.should_stop(1, shares=True)
       os.kill(os.getpid(), signal.SIGTERM)
       assert stops.received == signal.SIGTERM and stops.should_stop(2, shares=False)
-      with pytest.raises(SystemExit) as second:  # a second signal: stop now
-        os.kill(os.getpid(), signal.SIGTERM)
-      assert second.value.code == 143
+      os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's repeat: the save goes on
+      assert stops.received == signal.SIGTERM
+      with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: stop now
+        os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGTERM) is previous
   finally:
     signal.signal(signal.SIGTERM, old)
@@ -218,7 +236,7 @@ def test_preempted_says_where_and_what_next():
   stop = preemption.Preempted(signal.SIGINT, 57, None)
   assert stop.exit_code == 130
   assert str(stop) == ("preempted (SIGINT) at step 57; checkpointing is off "
-                       "(config.checkpoint_every_steps < 0), so a rerun starts over.")
+                       "(config.checkpoint_every_steps=-1), so a rerun starts over.")
 
 
 # --- Damaged checkpoints ------------------------------------------------------------------
@@ -307,7 +325,7 @@ def test_restore_or_refuses_when_no_checkpoint_loads(two_checkpoints):
 # --- The workdir: busy, stale lock, read-only ---------------------------------------------
 
 def test_a_second_run_on_a_busy_workdir_is_refused(cli, tmp_path):
-  first = cli.start(tmp_path, "--config.num_train_steps=1000000",
+  first = cli.start(tmp_path, "--config.num_train_steps=-1", "--config.baseline.num_epochs=50000",
                     "--config.checkpoint_every_steps=-1")
   try:
     _wait_for(lambda: os.path.exists(tmp_path / workdir_lock.LOCK_NAME), first)
@@ -384,6 +402,63 @@ def test_keep_checkpoints_must_keep_one():
     train.build_experiment(config)
 
 
+def test_help_shows_the_flags_and_a_missing_config_file_is_one_line(cli, tmp_path):
+  shown = subprocess.run([sys.executable, "-m", "dateopt.cli", "--help"], env=cli.env,
+                         capture_output=True, text=True, timeout=300)
+  for flag in ("--config:", "--workdir:", "--config.batch_size=", "--config.strategy=adaptive"):
+    assert flag in shown.stdout + shown.stderr, flag
+  done = cli.run(tmp_path, config=str(tmp_path / "no_such_config.py"))
+  assert done.returncode == 2
+  message = _one_message(done.stderr)
+  assert "Failed loading config file" in message and "No such file or directory" in message
+
+
+def test_a_config_file_whose_get_config_returns_a_dict_is_one_line(cli, tmp_path):
+  config_file = tmp_path / "dict_config.py"
+  config_file.write_text("def get_config():\n  return {'seed': 0}\n")
+  done = subprocess.run([sys.executable, "-m", "dateopt.cli", "--config", str(config_file),
+                         "--workdir", str(tmp_path / "run")], env=cli.env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 2
+  assert "the config must be an ml_collections.ConfigDict" in _one_message(done.stderr)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: date.Recipe(batch_size=32, num_examples=1000, num_epochs=2, learning_rate=0.1,
+                         warmup_epochs=0.5, init_value=250.0),
+     r"init_value must be in \[0, 0.1\], got 250"),
+    (lambda: date.Recipe(batch_size=4096, num_examples=1000, num_epochs=2, learning_rate=0.1),
+     r"batch_size=4096 is larger than the data set \(num_examples=1000\)"),
+    (lambda: schedules.warmup_polynomial_decay(float("nan"), 10, 100),
+     r"peak_value must be in \[0, inf\), got nan"),
+    (lambda: date.track_statistics(optax.sgd(0.1), trust_coefficient=-1.0),
+     r"trust_coefficient must be in \(0, inf\), got -1"),
+], ids=["init_value above the peak", "batch above the data", "peak nan", "trust coefficient"])
+def test_out_of_range_values_name_their_field(make, message):
+  with pytest.raises(ValueError, match=message):
+    make()
+
+
+def test_an_unusable_data_dir_is_named():
+  config = tiny_config.get_config()
+  config.data_dir = "/proc/no_such_dir"
+  with pytest.raises(FileNotFoundError, match=r"data_dir='/proc/no_such_dir' of dataset"):
+    train.build_experiment(config)
+
+
+def test_unfinished_saves_of_a_killed_run_are_removed_with_a_note(tmp_path, caplog):
+  directory = tmp_path / "checkpoints"
+  (directory / "20.orbax-checkpoint-tmp-1732").mkdir(parents=True)
+  (directory / "20.orbax-checkpoint-tmp-1732" / "blob").write_bytes(b"x" * 100)
+  (directory / "10").mkdir()
+  with caplog.at_level(logging.WARNING):
+    ckpt = checkpoint.Checkpointer(str(directory), keep=3)
+  ckpt.close()
+  assert sorted(os.listdir(directory)) == ["10"]
+  assert "removed 1 unfinished checkpoint save(s)" in caplog.text
+  assert "20.orbax-checkpoint-tmp-1732" in caplog.text
+
+
 # --- Command-line overrides of every field --------------------------------------------------
 
 def _parsed_config(*overrides):
@@ -420,6 +495,18 @@ def test_fields_that_default_to_none_or_to_an_empty_dict_take_overrides():
     ("--config.plan.gain_rule=cubic", "gain_rule must be one of 'linear', 'sqrt'; got 'cubic'."),
     ("--config.batchsize=512", "unknown config key 'config.batchsize'; allowed keys: "),
     ("--config.seed=abc", "flag --config.seed=abc: invalid literal for int() with base 10: 'abc'"),
+    ("--config.seed=-1", "config.seed must be an int >= 0; got -1."),
+    ("--config.checkpoint_every_steps=-5", "config.checkpoint_every_steps must be -1 (never), "
+     "0 (only at the end (and when stopped)) or an int >= 1; got -5."),
+    ("--config.eval_every_steps=-2", "config.eval_every_steps must be -1 (once per epoch), "
+     "0 (only at the end) or an int >= 1; got -2."),
+    ("--config.num_train_steps=0", "config.num_train_steps must be -1 (the recipe's length) or "
+     "an int >= 1; got 0."),
+    ("--config.num_train_steps=100000", "config.num_train_steps=100000 is past the end of the "
+     "recipe ("),
+    ("--config..batch_size=5", "ValueError: Could not parse '.batch_size'"),
+    ("--workdir=", "the workdir is empty (an unset $WORKDIR?)"),
+    ("--workdir=s3://bucket/run", "workdir s3://bucket/run: s3:// is not supported"),
 ], ids=lambda v: v.split("=")[0] if v.startswith("--") else None)
 def test_a_bad_override_is_one_line_naming_the_field_with_status_2(cli, tmp_path, override,
                                                                    message):
@@ -443,6 +530,37 @@ def test_a_resume_with_a_changed_recipe_is_refused_naming_the_fields(cli, refere
   assert "Use a new --workdir for the new recipe, or the old config to resume this run" in message
   assert (tmp_path / "recipe.json").read_text() == stored  # the run's record is kept
   assert not os.path.exists(tmp_path / workdir_lock.LOCK_NAME)
+
+
+def test_a_rerun_that_would_start_over_on_a_finished_run_is_refused(cli, reference, tmp_path):
+  shutil.copytree(reference[0], tmp_path, dirs_exist_ok=True)
+  metrics_before = (tmp_path / "metrics.jsonl").read_text()
+  final_before = (tmp_path / "final_metrics.json").read_text()
+  done = cli.run(tmp_path, "--config.num_train_steps=5", "--config.checkpoint_every_steps=-1")
+  assert done.returncode == 2
+  message = _one_message(done.stderr)
+  assert f"the workdir {tmp_path} holds an earlier run (metrics up to step {STEPS})" in message
+  assert "Use a new --workdir, or --config.overwrite=True" in message
+  assert (tmp_path / "metrics.jsonl").read_text() == metrics_before  # nothing lost
+  assert (tmp_path / "final_metrics.json").read_text() == final_before
+  shutil.rmtree(tmp_path / "checkpoints")  # a finished run whose checkpoints are gone
+  done = cli.run(tmp_path, "--config.num_train_steps=5")
+  assert done.returncode == 2 and "its checkpoints are gone" in _one_message(done.stderr)
+  done = cli.run(tmp_path, "--config.num_train_steps=5", "--config.checkpoint_every_steps=-1",
+                 "--config.overwrite=True")  # said explicitly: the run is replaced
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert max(row["step"] for row in _strict_rows(tmp_path)) == 5
+
+
+def test_a_resume_with_another_seed_or_an_unreadable_record_is_refused(cli, reference, tmp_path):
+  shutil.copytree(reference[0], tmp_path, dirs_exist_ok=True)
+  done = cli.run(tmp_path, "--config.seed=7")
+  assert done.returncode == 2 and "this config changes seed: 0 → 7" in _one_message(done.stderr)
+  (tmp_path / "recipe.json").write_text('{"planned": {"batch_size": 6')  # damaged
+  done = cli.run(tmp_path)
+  assert done.returncode == 2
+  message = _one_message(done.stderr)
+  assert "holds checkpoints, but" in message and "it cannot be read" in message
 
 
 def test_a_changed_recipe_is_only_refused_when_there_is_a_checkpoint_to_resume(tmp_path):
@@ -543,6 +661,39 @@ def test_the_guard_stops_a_run_whose_every_batch_is_nan(cli, tmp_path):
       "row) for a non-finite loss or gradient")
   assert _complete_checkpoints(tmp_path) == []  # step 20's save came after the check
   assert nonfinite.MAX_SKIPPED_IN_A_ROW <= 18
+
+
+def test_the_guard_stops_a_run_whose_lr_sits_at_its_floor(cli, tmp_path):
+  # Every other batch NaN: never 10 skips in a row, but the LR is backed off to its floor.
+  done = cli.run(tmp_path, config=f"{NAN_BATCHES}:3-%2")
+  assert done.returncode == 1, done.stderr[-3000:]
+  message = _one_message(done.stderr)
+  stopped = re.match(r"dateopt-train: stopped: the run stopped learning with the divergence "
+                     r"guard's LR multiplier at its floor \(0.001\) from step (\d+) to (\d+)",
+                     message)
+  assert stopped, message
+  first, last = int(stopped.group(1)), int(stopped.group(2))
+  assert last - first + 1 == nonfinite.MAX_AT_FLOOR and last < 100
+
+
+def test_the_floor_watch_lets_a_recovering_run_go_on_and_stops_one_that_ends_there():
+  floor = 1e-3
+
+  def run(multipliers):
+    watch = nonfinite.NonFiniteWatch(0, lr_floor=floor, warn=False)
+    for step, multiplier in enumerate(multipliers, 1):
+      watch.record(step, {"loss": np.float32(1.0), nonfinite.GUARD_COUNT_KEY: np.int32(0),
+                          nonfinite.GUARD_MULTIPLIER_KEY: np.float32(multiplier)})
+    watch.check(len(multipliers))
+    return watch
+
+  recovery = 2 ** (1 / 100)  # the guard's default: one back-off undone in 100 accepted steps
+  recovering = [floor * recovery ** k for k in range(200)]  # at the floor, then healthy steps
+  run(recovering).finish()  # 14 accepted steps lift it past 1.1x the floor: never stopped
+  with pytest.raises(nonfinite.NonFiniteError, match=r"the run ended with .* from step 9 to 12"):
+    run([1.0] * 8 + [floor] * 4).finish()
+  with pytest.raises(nonfinite.NonFiniteError, match="stopped learning"):
+    run([floor] * nonfinite.MAX_AT_FLOOR)
 
 
 # --- Metrics ------------------------------------------------------------------------------

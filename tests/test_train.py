@@ -180,7 +180,9 @@ def _final_params(workdir):
 
 
 def test_sigkill_then_restart_equals_uninterrupted_run(tmp_path):
-  steps = ("--config.num_train_steps=120", "--config.checkpoint_every_steps=10")
+  # 10 epochs at batch 64 are 150 steps: the LR is not yet 0 at step 120, so every step counts.
+  steps = ("--config.num_train_steps=120", "--config.checkpoint_every_steps=10",
+           "--config.baseline.num_epochs=10")
   cmd, env = _cli(tmp_path / "full", *steps)
   subprocess.run(cmd, env=env, check=True, capture_output=True)
 
@@ -274,6 +276,35 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   assert any(r.get("run/steps") == result.steps for r in rows)
   timed = [r for r in rows if "train/step_seconds" in r]
   assert timed and all(r["train/examples_per_second"] > 0 for r in timed)
+
+
+def test_the_progress_bar_of_an_adaptive_run_counts_baseline_steps(capsys):
+  import numpy as np
+  from dateopt.train.metrics import ProgressBar
+  bar = ProgressBar(np.float32(120.0), np.float32(0.5), unit="baseline step")
+  seen = []
+  for value in (30.7, 20.0, 500.0):  # NumPy scalars, as the step gives them
+    bar.advance_to(np.float32(value), loss=np.float32(0.5))
+    seen.append(bar._bar.n)  # pylint: disable=protected-access
+  bar.close()
+  assert seen == [30, 30, 120]  # whole baseline steps, never back, never past the end
+  shown = capsys.readouterr().err
+  assert "120/120" in shown and "baseline step" in shown and "loss=0.5" in shown
+
+
+def test_an_adaptive_run_writes_nothing_past_its_end(tmp_path):
+  """Evals and saves between log steps read the end too: no row or checkpoint after it."""
+  config = tiny_config.get_config()
+  config.strategy, config.grad_groups = "adaptive", 4
+  config.log_every_steps, config.eval_every_steps, config.checkpoint_every_steps = 1000, 3, 4
+  config.plan = dict(noise_scale=50.0)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert max(r["step"] for r in rows) == result.steps < result.recipe.max_steps
+  evals = [r["step"] for r in rows if "eval/accuracy" in r]
+  assert evals[-1] == result.steps and len(evals) == len(set(evals))
+  saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved[-1] == result.steps
 
 
 def date_predicted(*args):

@@ -157,8 +157,13 @@ def test_as_path_makes_a_local_path_absolute_and_keeps_a_url(tmp_path, monkeypat
   assert os.fspath(workdirs.as_path("run")) == os.path.join(str(tmp_path), "run")
   assert os.fspath(workdirs.as_path(RUN) / "checkpoints") == RUN + "/checkpoints"
   assert workdirs.is_local(tmp_path) and not workdirs.is_local(RUN)
-  with pytest.raises(ValueError, match=r"no filesystem for memory://"):
-    workdirs.as_path("memory://run")  # else the local directory ./memory:/run
+  for url in ("memory://run", "s3://bucket/run"):  # else the local directory ./memory:/run
+    with pytest.raises(ValueError, match=rf"{url.split(':')[0]}:// is not supported; use a local "
+                                         r"path or gs://bucket/run"):
+      workdirs.as_path(url)
+  for empty in ("", "  "):  # an unset $WORKDIR: never the current directory
+    with pytest.raises(ValueError, match="the workdir is empty"):
+      workdirs.as_path(empty)
 
 
 def test_a_missing_gcs_package_names_the_gcp_extra(monkeypatch, tmp_path):

@@ -66,4 +66,10 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
     >>> batch = ds.train_batch(0, 128, seed=0)
   """
   check_choice("dataset name", name, DATASET_NAMES)
-  return call_by_name(f"get_dataset({name!r})", _BUILDERS[name], data_dir=data_dir, **kwargs)
+  try:
+    return call_by_name(f"get_dataset({name!r})", _BUILDERS[name], data_dir=data_dir, **kwargs)
+  except OSError as error:  # an unreadable or unwritable data_dir: say which field it was
+    if data_dir is None or "data_dir" in str(error):
+      raise
+    raise type(error)(f"data_dir={data_dir!r} of dataset {name!r}: "
+                      f"{error.strerror or error}.") from error

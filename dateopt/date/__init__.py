@@ -42,7 +42,7 @@ from dateopt.date.progress import (
     wants_next_rung,
 )
 from dateopt.date.builder import build, build_schedule, optimizer_factory
-from dateopt.date.guard import DivergenceGuardState, divergence_guard
+from dateopt.date.guard import DEFAULT_MIN_MULTIPLIER, DivergenceGuardState, divergence_guard
 from dateopt.date.noise import (
     GradientSqNorms,
     NoiseMeasurementState,
@@ -83,6 +83,7 @@ from dateopt.date.stats import (
 
 __all__ = [
     "AdaptiveState",
+    "DEFAULT_MIN_MULTIPLIER",
     "DEFAULT_PROMOTE_ABOVE",
     "DEFAULT_PROMOTION_ANCHORS",
     "DIVERGENCE_PATIENCE",

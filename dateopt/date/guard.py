@@ -38,6 +38,8 @@ from dateopt.validation import check_range
 # Replayed through this guard, none of those runs backs off once.
 _DEFAULT_SPIKE_THRESHOLD = 20.0
 _DEFAULT_SPIKE_MIN_EXCESS = 0.5
+# The LR multiplier's floor: ten back-offs of 0.5 reach it (0.5**10 < 1e-3).
+DEFAULT_MIN_MULTIPLIER = 1e-3
 
 
 class DivergenceGuardState(NamedTuple):
@@ -109,7 +111,7 @@ def divergence_guard(
     min_steps: int = 20,
     backoff: float = 0.5,
     recovery_steps: int = 100,
-    min_multiplier: float = 1e-3,
+    min_multiplier: float = DEFAULT_MIN_MULTIPLIER,
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner`: skips diverging steps and scales the LR down, then back up.
 

@@ -197,8 +197,12 @@ class Recipe:
 
   def _check_consistency(self) -> None:
     """Checks that involve more than one field."""
+    if self.drop_remainder and self.batch_size > self.num_examples:
+      raise ValueError(f"batch_size={self.batch_size} is larger than the data set "
+                       f"(num_examples={self.num_examples}): no epoch would hold a full batch.")
     check_range("warmup_epochs", self.warmup_epochs, low=0.0,
                 high=self.num_epochs, high_inclusive=False)
+    check_range("init_value", self.init_value, low=0.0, high=self.learning_rate)
     if self.decay in ("polynomial", "cosine", "exponential"):  # the decays that read it
       check_range("end_value", self.end_value, low=0.0, high=self.learning_rate)
     if self.decay == "multistep":

@@ -18,6 +18,7 @@ import optax
 
 from dateopt import masks, transforms
 from dateopt.date.noise import NoiseScaleState, noise_scale, tree_sq_norm
+from dateopt.validation import check_range
 
 class TrainingStatistics(NamedTuple):
   """One step's statistics (float32 scalars), for logging.
@@ -137,6 +138,9 @@ def track_statistics(
     >>> float(state.stats.grad_norm)
     2.0
   """
+  # The logged ratios are LARS's: η > 0 and β ≥ 0, as `transforms.lars` takes them.
+  check_range("trust_coefficient", trust_coefficient, low=0.0, low_inclusive=False)
+  check_range("weight_decay", weight_decay, low=0.0)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):

@@ -28,6 +28,28 @@ from dateopt.train import workdirs
 DAMAGED_SUFFIX = ".damaged"  # not a step name to orbax, which then ignores the directory
 
 
+# Orbax's name for a save in progress; the rename to `<step>` marks it finished.
+UNFINISHED_MARK = ".orbax-checkpoint-tmp"
+
+
+def remove_unfinished_saves(directory: epath.Path) -> list[str]:
+  """Deletes the saves a killed run left unfinished in `directory`, with a one-line note.
+
+  Orbax never loads them and never deletes them: each holds a whole state's
+  bytes. Call it while no save runs (the trainer does, under the workdir lock).
+  Returns the names removed.
+  """
+  if not directory.exists():
+    return []
+  stale = sorted(p for p in directory.iterdir() if UNFINISHED_MARK in p.name)
+  for path in stale:
+    path.rmtree() if path.is_dir() else path.unlink()
+  if stale:
+    logging.warning("removed %d unfinished checkpoint save(s) left by an interrupted run "
+                    "in %s: %s", len(stale), directory, ", ".join(p.name for p in stale))
+  return [p.name for p in stale]
+
+
 class NoUsableCheckpointError(RuntimeError):
   """Checkpoints exist, but none of them loads into the state."""
 
@@ -44,6 +66,8 @@ class Checkpointer:
 
   def __init__(self, directory: str | os.PathLike, *, keep: int = 3):
     self.directory = workdirs.as_path(directory)  # orbax wants a local path absolute
+    if jax.process_index() == 0:
+      remove_unfinished_saves(self.directory)
     self._options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=self._options)
     self._quiet = _ClosedLoopNoiseFilter(str(self.directory))

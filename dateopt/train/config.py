@@ -76,6 +76,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 3
   c.progress_bar = True
+  # True: a run that starts over (checkpointing off, or no checkpoint left) may replace the
+  # metrics of an earlier run in its workdir; else it is refused (see recipe_record).
+  c.overwrite = False
   # Final Polishing (Kasagi et al. 2020): BN fitted to evaluation-style data at the end.
   c.polish = ml_collections.ConfigDict()
   c.polish.mode = "none"  # "none", "precise_bn", "final_epochs" or "both".
@@ -83,6 +86,18 @@ def default_config() -> ml_collections.ConfigDict:
   c.polish.batches = 50  # precise_bn: training batches the BN statistics are averaged over.
   c.polish.bn_data = "clean"  # precise_bn: "clean" (eval-style) or "weak" (weakly augmented).
   return c
+
+
+def check_is_config_dict(config: Any) -> None:
+  """Raises TypeError unless `config` is a ConfigDict (a `get_config()` may return a dict)."""
+  if not isinstance(config, ml_collections.ConfigDict):
+    # ml_collections' stand-in for a config file that did not load holds its error.
+    error = vars(config).get("_error") if hasattr(type(config), "_ReportError") else None
+    if isinstance(error, Exception):
+      raise FileNotFoundError(f"--config: {error}") from error
+    raise TypeError(f"the config must be an ml_collections.ConfigDict: get_config() returns "
+                    f"dateopt.train.default_config() with its fields set; got "
+                    f"{type(config).__name__}.")
 
 
 def check_known_keys(config: ml_collections.ConfigDict,
@@ -112,6 +127,42 @@ def check_optional_ints(config: ml_collections.ConfigDict) -> None:
                       f"{type(value).__name__}.")
     if value < 1:
       raise ValueError(f"config.{key} must be a positive int or None; got {value!r}.")
+
+
+# The loop's integer fields: the smallest value allowed (without special values), and the
+# special values below 1 with what they mean. Every other value is refused, never reinterpreted.
+LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
+    "seed": (0, {}),
+    "num_train_steps": (-1, {-1: "the recipe's length"}),
+    "log_every_steps": (1, {}),
+    "eval_every_steps": (-1, {-1: "once per epoch", 0: "only at the end"}),
+    "checkpoint_every_steps": (-1, {-1: "never", 0: "only at the end (and when stopped)"}),
+    "keep_checkpoints": (1, {}),  # orbax reads 0 as "keep none": each deleted once written
+    "measure_every_steps": (1, {}),
+    "divergence_patience": (0, {0: "never give up"}),
+}
+
+
+def check_loop_fields(config: ml_collections.ConfigDict) -> None:
+  """Raises TypeError or ValueError naming the `LOOP_FIELDS` field that is not an int
+  in its range, with the values allowed and what the special ones mean.
+
+  Example:
+    >>> config = default_config()
+    >>> config.checkpoint_every_steps = -5
+    >>> check_loop_fields(config)
+    Traceback (most recent call last):
+    ValueError: config.checkpoint_every_steps must be -1 (never), 0 (only at the end (and when stopped)) or an int >= 1; got -5.
+  """
+  for key, (low, meanings) in LOOP_FIELDS.items():
+    value = config[key]
+    special = ", ".join(f"{v} ({what})" for v, what in meanings.items())
+    allowed = f"{special} or an int >= 1" if special else f"an int >= {low}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+      raise TypeError(f"config.{key} must be {allowed}; got {value!r} of type "
+                      f"{type(value).__name__}.")
+    if value not in meanings and value < (1 if meanings else low):
+      raise ValueError(f"config.{key} must be {allowed}; got {value!r}.")
 
 
 def sub_config_with_defaults(config: ml_collections.ConfigDict, field: str) -> dict[str, Any]:

@@ -168,20 +168,33 @@ def _rows_up_to(path: epath.Path, last_step: int) -> tuple[str | None, set[str]]
 
 
 class ProgressBar:
-  """A tqdm bar with step rate and ETA on the console of process 0."""
+  """A tqdm bar with rate and ETA on the console of process 0.
 
-  def __init__(self, total: int, initial: int, *, enabled: bool = True):
+  A static recipe counts its steps. An adaptive run counts the baseline steps
+  its progress τ covers (`unit="baseline step"`, total T0), moved to each
+  reading with `advance_to`: its end is where τ reaches T0, not a step count,
+  so its ETA follows the current pace.
+  """
+
+  def __init__(self, total: int, initial: float, *, enabled: bool = True,
+               unit: str = "step"):
     self._bar = None
     if enabled:
       from tqdm.auto import tqdm
-      self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+      # Python ints (whole steps): tqdm's ETA fails on NumPy scalars (no float32 timedelta).
+      self._bar = tqdm(total=int(total), initial=int(initial), unit=unit, dynamic_ncols=True)
 
-  def update(self, n: int = 1, **postfix: Any) -> None:
+  def update(self, n: float = 1, **postfix: Any) -> None:
     if self._bar is not None:
       if postfix:
         self._bar.set_postfix({k: f"{_scalar(v):.4g}" for k, v in postfix.items()},
                               refresh=False)
       self._bar.update(n)
+
+  def advance_to(self, value: float, **postfix: Any) -> None:
+    """Moves the bar to `value`'s whole steps (never back), e.g. an adaptive run's progress τ."""
+    if self._bar is not None:
+      self.update(max(0, min(int(value), self._bar.total) - self._bar.n), **postfix)
 
   def close(self) -> None:
     if self._bar is not None:

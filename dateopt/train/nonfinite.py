@@ -41,6 +41,11 @@ MAX_SKIPPED_IN_A_ROW = 10
 
 # The metric the train step reports the guard's count of skipped non-finite steps under.
 GUARD_COUNT_KEY = "guard/num_nonfinite"
+GUARD_MULTIPLIER_KEY = "guard/lr_multiplier"
+# Steps in a row with the guard's LR multiplier at its floor before the run is stopped: from
+# the floor, 14 accepted steps lift it past AT_FLOOR (a run that recovers is never stopped).
+MAX_AT_FLOOR = 20
+AT_FLOOR = 1.1  # × the floor
 
 
 class NonFiniteError(Exception):
@@ -80,14 +85,19 @@ class NonFiniteWatch:
     guard_count: the guard's count of non-finite steps before the first
       recorded step (`guard_nonfinite_count`); None for a run without the guard.
     warn: whether to log the skipped steps (process 0 only, on several hosts).
+    lr_floor: the guard's `min_multiplier`: a run whose LR multiplier sits
+      there `MAX_AT_FLOOR` steps in a row, or ends there, has stopped learning.
   """
 
-  def __init__(self, guard_count: int | None, *, warn: bool = True):
+  def __init__(self, guard_count: int | None, *, warn: bool = True,
+               lr_floor: float | None = None):
     self._guarded = guard_count is not None
     self._guard_count = guard_count or 0
     self._warn = warn
-    self._pending: list[tuple[int, jax.Array, jax.Array | None]] = []
+    self._lr_floor = lr_floor if self._guarded else None
+    self._pending: list[tuple[int, jax.Array, jax.Array | None, jax.Array | None]] = []
     self._in_a_row: list[int] = []  # the skipped steps since the last accepted one
+    self._at_floor: list[int] = []  # the steps at the LR floor since the last one above
 
   # A run that neither logs, evaluates nor saves for this many steps is still looked at:
   # the pending losses stay bounded and a NaN without the guard is found this soon.
@@ -100,7 +110,8 @@ class NonFiniteWatch:
 
   def record(self, step: int, metrics: Mapping[str, jax.Array]) -> None:
     """Keeps step `step`'s loss and guard count (device arrays: no transfer, no wait)."""
-    self._pending.append((step, metrics["loss"], metrics.get(GUARD_COUNT_KEY)))
+    self._pending.append((step, metrics["loss"], metrics.get(GUARD_COUNT_KEY),
+                          metrics.get(GUARD_MULTIPLIER_KEY)))
 
   def check(self, last_step: int) -> None:
     """Looks at the steps recorded up to `last_step` (those after it are an adaptive run's
@@ -108,21 +119,48 @@ class NonFiniteWatch:
 
     Raises:
       NonFiniteError: without the guard, a step's loss was non-finite; with
-        it, `MAX_SKIPPED_IN_A_ROW` steps in a row were skipped.
+        it, `MAX_SKIPPED_IN_A_ROW` steps in a row were skipped, or the LR
+        multiplier sat at its floor `MAX_AT_FLOOR` steps in a row.
     """
     pending = [entry for entry in self._pending if entry[0] <= last_step]
     self._pending = []
     if not pending:
       return
-    steps = [step for step, _, _ in pending]
-    losses = np.asarray(jax.device_get([_local(loss) for _, loss, _ in pending]), np.float64)
+    steps = [entry[0] for entry in pending]
+    losses = np.asarray(jax.device_get([_local(entry[1]) for entry in pending]), np.float64)
     if not self._guarded:
       self._check_losses(steps, losses)
       return
-    counts = np.asarray(jax.device_get([_local(count) for _, _, count in pending]), np.int64)
+    counts = np.asarray(jax.device_get([_local(entry[2]) for entry in pending]), np.int64)
     skipped = np.diff(counts, prepend=self._guard_count) > 0
     self._guard_count = int(counts[-1])
     self._check_skipped(steps, losses, skipped)
+    if self._lr_floor is not None and pending[0][3] is not None:
+      multipliers = np.asarray(jax.device_get([_local(entry[3]) for entry in pending]))
+      self._check_floor(steps, multipliers)
+
+  def finish(self) -> None:
+    """After the last `check`: raises NonFiniteError if the run ended at the LR floor."""
+    if self._at_floor:
+      self._stop_at_floor("ended")
+
+  def _check_floor(self, steps: list[int], multipliers: np.ndarray) -> None:
+    for step, multiplier in zip(steps, multipliers):
+      if multiplier < AT_FLOOR * self._lr_floor:
+        self._at_floor.append(step)
+      else:
+        self._at_floor = []
+    if len(self._at_floor) >= MAX_AT_FLOOR:
+      self._stop_at_floor("stopped learning")
+
+  def _stop_at_floor(self, how: str) -> None:
+    first, last = self._at_floor[0], self._at_floor[-1]
+    raise NonFiniteError(first, (
+        f"stopped: the run {how} with the divergence guard's LR multiplier at its floor "
+        f"({self._lr_floor:g}) from step {first} to {last}: it backed the learning rate off "
+        f"as far as it goes ({self._guard_count} non-finite steps skipped in all), so the "
+        f"run is no longer learning. Check the input data for NaN or inf, or lower the "
+        f"learning rate."))
 
   def _check_losses(self, steps: list[int], losses: np.ndarray) -> None:
     bad = np.flatnonzero(~np.isfinite(losses))

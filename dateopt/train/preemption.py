@@ -1,10 +1,12 @@
-"""Stopping a run cleanly on SIGTERM or SIGINT: finish the step, checkpoint it, exit.
+"""Stopping a run cleanly on SIGTERM, SIGHUP or SIGINT: finish the step, checkpoint it, exit.
 
 A cluster scheduler preempts a job with SIGTERM (and kills it a grace period
-later); a person stops one with Ctrl-C (SIGINT). Either way the trainer
-finishes the step it is in, saves it, and raises `Preempted`, which the CLI
-turns into one line and the conventional status 128 + the signal number
-(143, 130). The same command then resumes the run.
+later); a dropped ssh session sends SIGHUP; a person stops one with Ctrl-C
+(SIGINT). Either way the trainer finishes the step it is in, saves it, and
+raises `Preempted`, which the CLI turns into one line and the conventional
+status 128 + the signal number (143, 129, 130). The same command then resumes
+the run. A repeated SIGTERM or SIGHUP (schedulers send several) changes
+nothing: the save under way finishes. A second Ctrl-C stops at once.
 
 Every process of a multi-host run must stop at the same step, or the
 collective checkpoint save would hang. There SIGTERM belongs to JAX's
@@ -18,6 +20,7 @@ log steps, which every process reaches at the same step.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 import jax
@@ -51,7 +54,7 @@ class Preempted(Exception):
 
   def __str__(self) -> str:
     if self.checkpoint_dir is None:
-      then = ("checkpointing is off (config.checkpoint_every_steps < 0), "
+      then = ("checkpointing is off (config.checkpoint_every_steps=-1), "
               "so a rerun starts over")
     else:
       then = f"checkpoint saved in {self.checkpoint_dir}; rerun the same command to resume"
@@ -59,12 +62,13 @@ class Preempted(Exception):
 
 
 class StopRequests:
-  """SIGTERM and SIGINT as a request to stop after the current step.
+  """SIGTERM, SIGHUP and SIGINT as a request to stop after the current step.
 
   A context manager: the handlers are installed on entry (from the main thread
   only; elsewhere Python forbids it and signals keep their old meaning) and
-  the previous ones are restored on exit. A second signal stops at once:
-  KeyboardInterrupt for SIGINT, SystemExit(128 + signum) otherwise.
+  the previous ones are restored on exit. A second SIGINT stops at once
+  (KeyboardInterrupt: the person at the terminal does not want to wait); a
+  second SIGTERM or SIGHUP is noted on stderr and waits for the save.
 
   Example:
     >>> with StopRequests() as stops:
@@ -75,7 +79,7 @@ class StopRequests:
     ...       raise Preempted(stops.received, step, "/tmp/run/checkpoints")
   """
 
-  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)):
+  def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
     self.received: int | None = None
     self._signals = signals
     self._previous: dict[int, object] = {}
@@ -98,10 +102,13 @@ class StopRequests:
 
   def _handle(self, signum: int, frame) -> None:
     del frame
-    if self.received is not None:  # asked again: the user does not want to wait
-      if signum == signal.SIGINT:
+    if self.received is not None:  # asked again
+      if signum == signal.SIGINT:  # by a person: they do not want to wait
         raise KeyboardInterrupt
-      raise SystemExit(128 + signum)
+      # By a scheduler, which repeats itself: exiting now would lose the save under way.
+      print(f"dateopt-train: {signal.Signals(signum).name} again: still stopping after the "
+            f"current step and its save.", file=sys.stderr, flush=True)
+      return
     self.received = signum
 
   def should_stop(self, step: int, *, shares: bool) -> bool:

@@ -19,7 +19,6 @@ import json
 import os
 from typing import Any, Mapping
 
-from absl import logging
 from etils import epath
 
 from dateopt import date
@@ -32,6 +31,10 @@ _IGNORED_FIELDS = frozenset({"rationale"})
 
 class RecipeChangedError(ValueError):
   """The config plans another recipe than the one the workdir's run was trained with."""
+
+
+class WorkdirHoldsRunError(ValueError):
+  """A run that would start over in a workdir whose earlier run it would overwrite."""
 
 
 def as_stored(recipe: date.Recipe) -> dict[str, Any]:
@@ -58,18 +61,14 @@ def _show(value: Any) -> str:
   return f"{value:.6g}" if isinstance(value, float) else json.dumps(value)
 
 
-def _stored_recipe(path: epath.Path) -> dict[str, Any] | None:
-  """The planned recipe `path` holds; None when there is none, or none that can be read
-  (a file cut short by a killed start is rewritten by this one: not worth refusing)."""
-  if not path.exists():
-    return None
+def _stored_record(path: epath.Path) -> dict[str, Any]:
+  """What `path` holds ({"planned": ..., "seed": ...}), or {"error": why} when it cannot
+  be read. The trainer writes it atomically, so a half-written file is damage."""
   try:
     stored = json.loads(path.read_text(encoding="utf-8"))
   except (OSError, ValueError) as error:
-    logging.warning("%s cannot be read (%s): the recipe is not compared.", path, error)
-    return None
-  planned = stored.get("planned") if isinstance(stored, dict) else None
-  return planned if isinstance(planned, dict) else None
+    return {"error": f"it cannot be read: {error}"}
+  return stored if isinstance(stored, dict) else {"error": "it holds no JSON object"}
 
 
 def _has_checkpoint(workdir: str) -> bool:
@@ -78,24 +77,76 @@ def _has_checkpoint(workdir: str) -> bool:
   return directory.exists() and any(p.name.split(".")[0].isdigit() for p in directory.iterdir())
 
 
-def check_unchanged(workdir: str, recipe: date.Recipe) -> None:
-  """Raises RecipeChangedError when `workdir` holds a run planned with another recipe.
+def check_unchanged(workdir: str, recipe: date.Recipe, seed: int | None = None) -> None:
+  """Raises RecipeChangedError when `workdir` holds a run planned with another recipe or seed.
 
-  A workdir without `recipe.json`, or without a checkpoint to resume from (a
-  run that stopped before its first save), passes.
+  A workdir without a checkpoint to resume from (a run that stopped before its
+  first save), or without `recipe.json` (deleted to go on under a new recipe
+  on purpose), passes. Otherwise the check fails closed: an unreadable
+  `recipe.json` is refused, since the run could not be checked.
 
   Raises:
     RecipeChangedError: naming each changed field (old → new), the file, and
       what to do: another workdir, the old config, or deleting the file.
   """
   path = workdirs.as_path(workdir) / RECIPE_FILE
-  stored = _stored_recipe(path)
-  if stored is None or not _has_checkpoint(workdir):
+  if not path.exists() or not _has_checkpoint(workdir):
     return
+  record = _stored_record(path)
+  stored = record.get("planned")
+  if not isinstance(stored, dict):
+    raise RecipeChangedError(
+        f"the workdir {workdir} holds checkpoints, but {os.fspath(path)} does not say which "
+        f"recipe they were trained with ({record.get('error', 'it holds no planned recipe')}), so "
+        f"this run cannot be checked against them. Use a new --workdir, or restore the file "
+        f"(to go on from these checkpoints under this config anyway, delete {RECIPE_FILE}).")
   changes = recipe_changes(stored, as_stored(recipe))
+  if seed is not None and "seed" in record and record["seed"] != seed:
+    changes.append(f"seed: {record['seed']} → {seed}")
   if changes:
     raise RecipeChangedError(
         f"the workdir {workdir} holds a run planned with another recipe "
         f"({os.fspath(path)}); this config changes {'; '.join(changes)}. Use a new --workdir "
         f"for the new recipe, or the old config to resume this run (to go on from its "
         f"checkpoints under the new recipe anyway, delete {RECIPE_FILE} first).")
+
+
+def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = False) -> None:
+  """Raises WorkdirHoldsRunError when a new start would overwrite an earlier run's record.
+
+  A run that `starts_over` (checkpointing off: it resumes from nothing) in a
+  workdir whose `metrics.jsonl` has rows, or any run in a workdir whose run
+  finished (`final_metrics.json`) and left no checkpoint to resume from,
+  would truncate those metrics and replace the final ones. A resume from the
+  workdir's checkpoints is exact, and passes. `overwrite=True` allows it.
+
+  Example:
+    >>> check_nothing_lost("/tmp/run", starts_over=True)   # WorkdirHoldsRunError if it logged
+  """
+  if overwrite:
+    return
+  root = workdirs.as_path(workdir)
+  last = _last_logged_step(root / "metrics.jsonl")
+  finished = (root / "final_metrics.json").exists()
+  if not (starts_over and last) and not (finished and not _has_checkpoint(workdir)):
+    return
+  why = ("config.checkpoint_every_steps=-1: it resumes from no checkpoint" if starts_over
+         else "its checkpoints are gone")
+  held = f"metrics up to step {last}" if last else "its final metrics"
+  raise WorkdirHoldsRunError(
+      f"the workdir {workdir} holds an earlier run ({held}), and this run would start over "
+      f"at step 0 ({why}), replacing them. Use a new --workdir, or --config.overwrite=True "
+      f"to replace that run.")
+
+
+def _last_logged_step(path: epath.Path) -> int:
+  """The largest step of `path`'s rows (0 without the file or a row past step 0)."""
+  if not path.exists():
+    return 0
+  last = 0
+  for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+      last = max(last, int(json.loads(line)["step"]))
+    except (ValueError, TypeError, KeyError):
+      continue  # the half-written last line of a killed run
+  return last

@@ -105,13 +105,6 @@ def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> No
     raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
 
 
-def _check_keep_checkpoints(keep: Any) -> None:
-  # Orbax reads 0 as "keep none": every checkpoint would be deleted as soon as written.
-  if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-    raise ValueError(f"config.keep_checkpoints must be an int >= 1 (the newest checkpoints "
-                     f"kept); got {keep!r}.")
-
-
 def gradient_groups(config: ml_collections.ConfigDict) -> int:
   """Groups the gradient is taken over for the noise scale (0: a plain gradient).
 
@@ -170,8 +163,10 @@ def build_experiment(config: ml_collections.ConfigDict,
       dataset; a batch not divisible by the device count or gradient groups).
     FileNotFoundError: the dataset's files are missing.
   """
+  config_lib.check_is_config_dict(config)
   config_lib.check_known_keys(config)
   config_lib.check_optional_ints(config)
+  config_lib.check_loop_fields(config)
   with _config_field("config.dataset_kwargs"):
     dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
                                    **config_lib.to_dict(config.dataset_kwargs))
@@ -191,15 +186,17 @@ def build_experiment(config: ml_collections.ConfigDict,
   if recipe.adaptive and gradient_groups(config) < 2:
     raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
                      f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
-  if config.measure_every_steps < 1:
-    raise ValueError(f"config.measure_every_steps must be >= 1; got {config.measure_every_steps}.")
-  _check_keep_checkpoints(config.keep_checkpoints)
   microbatch_size = recipe.batch_size // config.grad_accum_steps
   # What fits in memory for training fits for eval (a forward pass only).
   eval_batch_size = int(config.eval_batch_size or microbatch_size)
   eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
   _check_divisible(eval_field, eval_batch_size, mesh.size, "the device count")
   num_steps = recipe.max_steps if config.num_train_steps < 0 else int(config.num_train_steps)
+  if num_steps > recipe.max_steps:  # its LR is 0 past the end: steps that change nothing
+    raise ValueError(f"config.num_train_steps={num_steps} is past the end of the recipe "
+                     f"({recipe.max_steps} steps, where its LR reaches its end): use -1 for the "
+                     f"recipe's length, at most {recipe.max_steps}, or more "
+                     f"config.baseline.num_epochs.")
   settings = config_lib.sub_config_with_defaults(config, "polish")
   polish.check_polish_config(settings)
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
@@ -307,7 +304,7 @@ def _save_recipes(workdir: str, exp: Experiment, report: str) -> None:
   root.mkdir(parents=True, exist_ok=True)
   # config.polish rides along for the record; only "planned" is checked on a restart.
   recipes = {"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict(),
-             "polish": dict(exp.polish)}
+             "seed": exp.config.seed, "polish": dict(exp.polish)}
   # A start killed mid-write must not leave half a file for the restart to judge.
   workdirs.write_atomically(root / recipe_record.RECIPE_FILE,
                             json.dumps(recipes, indent=2, default=str))
@@ -371,15 +368,19 @@ def _lock_workdir(workdir: str, lead: bool) -> dict[str, Any] | None:
     return workdir_lock.acquire(workdir)
 
 
-def _claim_workdir(workdir: str, lead: bool, recipe: date.Recipe) -> dict[str, Any] | None:
+def _claim_workdir(workdir: str, lead: bool, exp: Experiment) -> dict[str, Any] | None:
   """`_lock_workdir` on every process, and process 0 checks that a run already in the
-  workdir was planned with `recipe`; all go on, or none does (StartupError)."""
+  workdir was planned with this recipe and seed, and that starting over loses nothing
+  it wrote; all go on, or none does (StartupError)."""
   lock, failure = None, None
   try:
     lock = _lock_workdir(workdir, lead)
-    if lead:  # after the lock: a live run's recipe.json is not ours to judge
-      with _startup(recipe_record.RecipeChangedError):
-        recipe_record.check_unchanged(workdir, recipe)
+    if lead:  # after the lock: a live run's files are not ours to judge
+      with _startup(recipe_record.RecipeChangedError, recipe_record.WorkdirHoldsRunError):
+        recipe_record.check_unchanged(workdir, exp.recipe, exp.config.seed)
+        recipe_record.check_nothing_lost(
+            workdir, starts_over=exp.config.checkpoint_every_steps < 0,
+            overwrite=exp.config.overwrite)
   except StartupError as error:
     failure = error
   failed = _failed_processes(failure is not None)
@@ -449,7 +450,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     with _startup(ValueError, TypeError, FileNotFoundError):
       exp = build_experiment(config, devices)
       tx, _ = build_optimizer(config, exp.recipe, exp.batch_sizes)  # the LR each step applied is read from its state
-    lock = _claim_workdir(workdir, jax.process_index() == 0, exp.recipe)
+    lock = _claim_workdir(workdir, jax.process_index() == 0, exp)
     try:
       return _train(exp, tx, workdir, stops)
     finally:
@@ -551,7 +552,10 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     steps_per_epoch = exp.dataset.steps_per_epoch(exp.recipe.batch_size)
     eval_every = steps_per_epoch if config.eval_every_steps < 0 else config.eval_every_steps
     last = exp.num_train_steps
-    progress = ProgressBar(last, start_step, enabled=lead and config.progress_bar)
+    progress = (ProgressBar(exp.recipe.total_steps, _progress(exp, state) or 0.0,
+                            unit="baseline step", enabled=lead and config.progress_bar)
+                if exp.recipe.adaptive else
+                ProgressBar(last, start_step, enabled=lead and config.progress_bar))
     cleanup.callback(progress.close)
     clean_data = _final_epochs_due(exp, start_step, _progress(exp, state))
     host_state = parallel.to_host({"examples": state.examples_seen, "last": state.last_batch_size,
@@ -565,8 +569,10 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     before_polish = None
     measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
     clock = StepClock(exp.recipe.batch_size)
-    watch = nonfinite.NonFiniteWatch(nonfinite.guard_nonfinite_count(state.opt_state),
-                                     warn=lead)
+    watch = nonfinite.NonFiniteWatch(
+        nonfinite.guard_nonfinite_count(state.opt_state), warn=lead,
+        lr_floor=config_lib.to_dict(config.guard_kwargs).get(
+            "min_multiplier", date.DEFAULT_MIN_MULTIPLIER))
     train_metrics, eval_metrics, evaluated_at, metrics = {}, {}, None, {}
     step = start_step
     for step in range(start_step + 1, last + 1):
@@ -590,26 +596,32 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
       elif not clean_data and exp.final_epochs_steps and exp.recipe.adaptive and not logs_now:
         # The window is entered at the step its progress crosses: read it every step until then.
         progress_now = float(parallel.to_host(metrics["date/progress"]))
-      if logs_now:
+      evaluates = _every(step, eval_every, last)
+      saves = checkpointer is not None and _every(step, config.checkpoint_every_steps, last)
+      idle = False
+      if exp.recipe.adaptive and not exp.grows and (logs_now or evaluates or saves):
+        # Read the end where the loop waits for the step anyway: the steps after the one that
+        # covered the baseline's steps are idle, and nothing is logged, evaluated or saved
+        # past it.
+        progress_now = float(parallel.to_host(metrics["date/progress"]))
+        if progress_now >= exp.recipe.total_steps:
+          done, taken = True, int(parallel.to_host(state.step))
+          idle, step = taken != step, taken
+      if logs_now and not idle:
         logged = parallel.to_host(metrics)  # waits for the step: the clock reads true time
         logged.update(clock.lap(), batch_size=step_batch, examples_seen=feed.position)
         progress_now = logged.get("date/progress")
-        if (exp.recipe.adaptive and not exp.grows
-            and logged["date/progress"] >= exp.recipe.total_steps):
-          # Covered the baseline's steps at this step, or before it (the steps since are idle).
-          done, taken = True, int(parallel.to_host(state.step))
-          if taken != step:
-            logged, step = None, taken  # an idle step's metrics: nothing to log
-        if logged is not None:
-          train_metrics = logged
-          with clock.paused():
-            writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
-            progress.update(0, loss=train_metrics["loss"],
-                            lr=train_metrics.get("learning_rate", 0.0))
-      progress.update(1)
-      evaluates = done or _every(step, eval_every, last)
-      saves = checkpointer is not None and (done or _every(step, config.checkpoint_every_steps,
-                                                           last))
+        train_metrics = logged
+        with clock.paused():
+          writer.write(step, {f"train/{k}": v for k, v in train_metrics.items()})
+          progress.update(0, loss=train_metrics["loss"],
+                          lr=train_metrics.get("learning_rate", 0.0))
+      if exp.recipe.adaptive:  # the bar counts the baseline steps covered
+        if progress_now is not None:
+          progress.advance_to(progress_now)
+      else:
+        progress.update(1)
+      evaluates, saves = evaluates or done, saves or (done and checkpointer is not None)
       if logs_now or evaluates or saves or watch.due:  # never evaluate or save a non-finite state
         with clock.paused(state):
           watch.check(int(parallel.to_host(state.step)))
@@ -641,6 +653,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
         raise _stop_and_save(stops, state, checkpointer)  # the cleanup waits for the save
     jax.block_until_ready(state)
     progress.close()
+    watch.finish()  # never "finished" at the guard's LR floor
     _engine_healthy(state, metrics, checkpointer, at_end=True)  # never "finished" diverged
     steps_taken = int(parallel.to_host(state.step))
     if evaluated_at is None or steps_taken > evaluated_at:

@@ -48,12 +48,18 @@ def as_path(workdir: str | os.PathLike) -> epath.Path:
   """`workdir` as an `epath.Path`: a local one absolute, a URL as it is.
 
   Raises:
-    ValueError: `workdir` is a URL of a scheme epath has no filesystem for
-      (`memory://x`).
+    ValueError: `workdir` is empty (an unset `$WORKDIR`: it would train in the
+      current directory), or a URL of another scheme than gs:// (`s3://x`).
   """
+  if not os.fspath(workdir).strip():
+    raise ValueError("the workdir is empty (an unset $WORKDIR?): give a directory or "
+                     "gs://bucket/run; the current directory is never used by default.")
   url_scheme = scheme(workdir)
   if url_scheme is None:
     return epath.Path(workdir).resolve()  # epath's resolve is os.path.abspath, symlinks kept
+  if url_scheme not in _SCHEME_MODULES:
+    raise ValueError(f"workdir {os.fspath(workdir)}: {url_scheme}:// is not supported; use a "
+                     f"local path or gs://bucket/run.")
   try:
     path = epath.Path(workdir)
   except KeyError:  # epath's registry of URL prefixes lacks it
