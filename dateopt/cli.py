@@ -67,6 +67,11 @@ def main(argv=None):
     return _fail(str(stop), stop.exit_code)
   except (train.NonFiniteError, train.DivergedError) as stop:  # a NaN batch, or divergence
     return _fail(str(stop), stop.exit_code)
+  except OSError as error:  # a full disk or quota mid-run: the saves so far are kept
+    return _fail(f"stopped: {error.strerror or error}"
+                 + (f": {error.filename}" if error.filename else "")
+                 + "; the checkpoints saved before it are kept. Free space, then rerun the "
+                 "same command to resume.", 1)
   import jax
   if jax.process_index() == 0:
     summary = strict_json.sanitize({"eval": result.eval_metrics,

@@ -385,6 +385,30 @@ def test_an_unwritable_workdir_fails_at_start_in_one_line(cli, tmp_path):
       f"dateopt-train: error: cannot write in the workdir {workdir}: ")
 
 
+@pytest.mark.parametrize("limit, where", [(8_000, "the TensorBoard events in"),
+                                          (20_000, "a checkpoint save in")])
+def test_a_full_disk_is_one_line_and_never_a_hang(cli, tmp_path, limit, where):
+  """A file-size limit stands in for a full disk or quota: tensorboardX's writer thread dies
+  on it (its bounded queue then blocks the run for good), and orbax's save fails."""
+  command = cli.command(tmp_path, "--config.num_train_steps=30",
+                        "--config.checkpoint_every_steps=10", "--config.log_every_steps=1")
+  # The limit is set in a small launcher that then becomes the run (a preexec_fn would fork
+  # this multithreaded test process). SIGXFSZ ignored: else the kernel kills the writer.
+  launcher = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+              f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+              "os.execv(sys.argv[1], sys.argv[1:])")
+  done = subprocess.run([sys.executable, "-c", launcher, *command],
+                        env={k: v for k, v in cli.env.items()  # no compilation cache: it
+                             if not k.startswith("JAX_PERSISTENT") and  # would hit the limit
+                             k != "JAX_COMPILATION_CACHE_DIR"},
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 1, done.stderr[-3000:]
+  message = _one_message(done.stderr)
+  assert message.startswith(f"dateopt-train: stopped: {where} {tmp_path}"), message
+  assert message.endswith("Free space, then rerun the same command to resume.")
+  assert done.stderr.strip() == message  # nothing else: no traceback from any thread
+
+
 # --- Configuration errors -----------------------------------------------------------------
 
 def test_a_bad_config_value_is_one_line_with_status_2(cli, tmp_path):

@@ -10,6 +10,7 @@ all through `etils.epath` (see `workdirs`).
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging as logging_lib
 import os
@@ -71,6 +72,8 @@ class Checkpointer:
     self._options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=self._options)
     self._quiet = _ClosedLoopNoiseFilter(str(self.directory))
+    self._no_space_noise = _NoSpaceNoiseFilter()
+    logging_lib.getLogger("absl").addFilter(self._no_space_noise)  # until close
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -152,12 +155,42 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(self.directory, options=self._options)
 
   def close(self) -> None:
-    """Waits for the last save to finish; safe to call twice."""
+    """Waits for the last save to finish; safe to call twice.
+
+    Raises:
+      OSError: a save failed for want of space (a full disk, a quota): one
+        error naming the directory, orbax's own reports of it left out.
+    """
     if self._manager is not None:
-      self._manager.wait_until_finished()
-      self._manager.close()
-      self._manager = None
+      manager, self._manager = self._manager, None
+      try:
+        manager.wait_until_finished()
+        manager.close()
+      except OSError as error:
+        if error.errno not in _NO_SPACE:
+          raise
+        raise OSError(error.errno, f"a checkpoint save in {self.directory} failed: "
+                      f"{error.strerror}") from error
+      finally:
+        logging_lib.getLogger("absl").removeFilter(self._no_space_noise)
     self._quiet.uninstall()
+
+
+# The errors of a full disk or quota: `close` reports them once, in one line.
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class _NoSpaceNoiseFilter(logging_lib.Filter):
+  """Drops orbax's logged tracebacks of a save that failed for want of space.
+
+  Each background thread of a failed save logs the error with its traceback
+  (about 200 lines for one save); `Checkpointer.close` raises it once instead.
+  """
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    error = record.exc_info[1] if record.exc_info else None
+    from_orbax = f"{os.sep}orbax{os.sep}" in (record.pathname or "")
+    return not (from_orbax and isinstance(error, OSError) and error.errno in _NO_SPACE)
 
 
 class _ClosedLoopNoiseFilter(logging_lib.Filter):

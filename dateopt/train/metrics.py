@@ -7,9 +7,11 @@ local or a bucket (`gs://bucket/run`, through `etils.epath`; see `workdirs`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
+import threading
 import time
 from typing import Any, Iterator, Mapping
 
@@ -67,7 +69,11 @@ class MetricWriter:
     self._jsonl = (_AppendedFile(path) if workdirs.is_local(root)
                    else _UploadedObject(path, kept or "", upload_every_seconds))
     # purge_step hides the killed run's later events from TensorBoard too.
-    self._tensorboard = SummaryWriter(os.fspath(root / "tensorboard"),
+    self._events_dir = os.fspath(root / "tensorboard")
+    # The events thread's death on a failed write is reported by _check_tensorboard, once.
+    self._thread_hook = threading.excepthook
+    threading.excepthook = self._quiet_events_thread
+    self._tensorboard = SummaryWriter(self._events_dir,
                                       purge_step=start_step + 1 if start_step else None)
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
@@ -79,24 +85,70 @@ class MetricWriter:
       if not values:
         return
     self._jsonl.write(strict_json.line({"step": int(step), **values}))
+    self._check_tensorboard()
     for key, value in values.items():
       if math.isfinite(value):
         self._tensorboard.add_scalar(key, value, int(step))
 
   def write_text(self, tag: str, text: str) -> None:
     if self.enabled:
+      self._check_tensorboard()
       self._tensorboard.add_text(tag, f"<pre>{text}</pre>", 0)
 
   def flush(self) -> None:
     """Makes every row and event written so far durable (uploads them to a bucket now)."""
     if self.enabled and not self._jsonl.closed:
       self._jsonl.flush()
-      self._tensorboard.flush()
+      self._check_tensorboard()
+      try:
+        self._tensorboard.flush()
+      except OSError as error:  # this flush writes in this thread: a full disk lands here
+        self._abandon_tensorboard()
+        raise OSError(error.errno, f"the TensorBoard events in {self._events_dir} cannot be "
+                      f"written: {error.strerror or error}") from error
+
+  def _quiet_events_thread(self, args) -> None:
+    if not (type(args.thread).__name__ == "_EventLoggerThread"
+            and isinstance(args.exc_value, OSError)):
+      self._thread_hook(args)
 
   def close(self) -> None:
+    if self.enabled and threading.excepthook == self._quiet_events_thread:
+      threading.excepthook = self._thread_hook
     if self.enabled and not self._jsonl.closed:
       self._jsonl.close()
-      self._tensorboard.close()
+      if _events_writer_alive(self._tensorboard):  # else its close would wait forever
+        self._tensorboard.close()
+      else:
+        self._abandon_tensorboard()
+
+  def _check_tensorboard(self) -> None:
+    """Raises OSError once tensorboardX's writer thread has died.
+
+    It dies on a failed write (a full disk, a file-size quota) without a
+    word, and the next events then block forever on its bounded queue: the
+    run would hang, deaf to SIGTERM.
+    """
+    if not _events_writer_alive(self._tensorboard):
+      self._abandon_tensorboard()
+      raise OSError(errno.EIO, f"the TensorBoard events in {self._events_dir} can no longer be "
+                    f"written (a full disk or a file-size quota?); metrics.jsonl holds the rows "
+                    f"written so far")
+
+
+  def _abandon_tensorboard(self) -> None:
+    """Marks a failed event file closed, so that no later call (nor tensorboardX's own
+    exit hook) writes to it, waits on its dead thread, or prints its error again."""
+    event_writer = getattr(getattr(self._tensorboard, "file_writer", None), "event_writer", None)
+    if event_writer is not None and hasattr(event_writer, "_closed"):
+      event_writer._closed = True  # pylint: disable=protected-access
+
+
+def _events_writer_alive(summary_writer: Any) -> bool:
+  """Whether the thread that writes tensorboardX's event file still runs (True if unknown)."""
+  file_writer = getattr(summary_writer, "file_writer", None)
+  worker = getattr(getattr(file_writer, "event_writer", None), "_worker", None)
+  return worker is None or worker.is_alive()
 
 
 class _AppendedFile:
