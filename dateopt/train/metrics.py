@@ -196,6 +196,23 @@ class _UploadedObject:
     self.closed = True
 
 
+def last_logged_step(workdir: str | os.PathLike) -> int:
+  """The largest step of `workdir/metrics.jsonl` (0 without the file or a row past step 0)."""
+  path = workdirs.as_path(workdir) / "metrics.jsonl"
+  return max((step for step, _ in _parsed_rows(path)), default=0) if path.exists() else 0
+
+
+def _parsed_rows(path: epath.Path) -> Iterator[tuple[int, dict[str, Any]]]:
+  """(step, row) of each line of `path` that parses; the half-written last line of a
+  killed run is skipped."""
+  for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+      row = json.loads(line)  # also reads the NaN literals of older files
+      yield int(row["step"]), row
+    except (ValueError, TypeError, KeyError):
+      continue
+
+
 def _rows_up_to(path: epath.Path, last_step: int) -> tuple[str | None, set[str]]:
   """(`path`'s rows up to `last_step` as strict JSON, the keys it has at `last_step`).
 
@@ -205,12 +222,7 @@ def _rows_up_to(path: epath.Path, last_step: int) -> tuple[str | None, set[str]]
   if not path.exists():
     return None, set()
   kept, keys_at_last = [], set()
-  for line in path.read_text(encoding="utf-8").splitlines():
-    try:
-      row = json.loads(line)  # also reads the NaN literals of older files
-      step = int(row["step"])
-    except (ValueError, TypeError, KeyError):
-      continue
+  for step, row in _parsed_rows(path):
     if step > last_step:
       continue
     kept.append(strict_json.line(row))

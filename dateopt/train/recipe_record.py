@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from etils import epath
 
 from dateopt import date
-from dateopt.train import workdirs
+from dateopt.train import metrics, workdirs
 
 RECIPE_FILE = "recipe.json"
 # Not part of what is trained: `plan`'s explanation of each value.
@@ -126,7 +126,7 @@ def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = Fal
   if overwrite:
     return
   root = workdirs.as_path(workdir)
-  last = _last_logged_step(root / "metrics.jsonl")
+  last = metrics.last_logged_step(workdir)
   finished = (root / "final_metrics.json").exists()
   if not (starts_over and last) and not (finished and not _has_checkpoint(workdir)):
     return
@@ -137,16 +137,3 @@ def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = Fal
       f"the workdir {workdir} holds an earlier run ({held}), and this run would start over "
       f"at step 0 ({why}), replacing them. Use a new --workdir, or --config.overwrite=True "
       f"to replace that run.")
-
-
-def _last_logged_step(path: epath.Path) -> int:
-  """The largest step of `path`'s rows (0 without the file or a row past step 0)."""
-  if not path.exists():
-    return 0
-  last = 0
-  for line in path.read_text(encoding="utf-8").splitlines():
-    try:
-      last = max(last, int(json.loads(line)["step"]))
-    except (ValueError, TypeError, KeyError):
-      continue  # the half-written last line of a killed run
-  return last

@@ -552,12 +552,13 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     steps_per_epoch = exp.dataset.steps_per_epoch(exp.recipe.batch_size)
     eval_every = steps_per_epoch if config.eval_every_steps < 0 else config.eval_every_steps
     last = exp.num_train_steps
-    progress = (ProgressBar(exp.recipe.total_steps, _progress(exp, state) or 0.0,
+    start_progress = _progress(exp, state)
+    progress = (ProgressBar(exp.recipe.total_steps, start_progress or 0.0,
                             unit="baseline step", enabled=lead and config.progress_bar)
                 if exp.recipe.adaptive else
                 ProgressBar(last, start_step, enabled=lead and config.progress_bar))
     cleanup.callback(progress.close)
-    clean_data = _final_epochs_due(exp, start_step, _progress(exp, state))
+    clean_data = _final_epochs_due(exp, start_step, start_progress)
     host_state = parallel.to_host({"examples": state.examples_seen, "last": state.last_batch_size,
                                    "batch": _engine_batch(exp, state.opt_state)})
     feed = TrainFeed(exp.dataset, seed=config.seed, batch_size=int(host_state["batch"]),
