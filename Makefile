@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/mnist1d_lstm.py
 WORKDIR ?= runs/mnist1d_lstm
 
-.PHONY: run test bench install clean
+.PHONY: run test docs bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,16 @@ run: install
 test: install
 	$(BIN)/python -m pytest -q
 
+## The documentation site (Sphinx + MyST) into docs/_build/html; a warning is an error.
+$(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
+	$(BIN)/python -m pip install -q -e ".[test,docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 bench: install
 	$(BIN)/python scripts/bench_optimizers.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache docs/_build

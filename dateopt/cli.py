@@ -1,4 +1,4 @@
-"""`dateopt-train --config configs/<name>.py --workdir <dir> [--config.batch_size=...]`.
+"""`dateopt-train --config <name or file> --workdir <dir> [--config.batch_size=...]`.
 
 Thin: parses flags, joins the hosts of a multi-host run (`--jax_distributed`),
 calls `dateopt.train.train_and_evaluate`. A run that cannot start (a bad config
@@ -12,12 +12,13 @@ line naming the step and status 1.
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from dateopt import strict_json
+from dateopt import configs, strict_json
 
 FLAGS = flags.FLAGS
 # Unlocked, and new keys accepted: the free-form sub-dicts (config.plan, config.guard_kwargs,
@@ -25,7 +26,8 @@ FLAGS = flags.FLAGS
 # by the trainer's config check instead, in one line naming it.
 config_flags.DEFINE_config_file(
     "config", None,
-    "A config file (configs/mnist1d_lstm.py, ...). Any field can be overridden: "
+    "A packaged config's name (mnist1d_lstm, study_mnist1d_resnet, imagenet_resnet50, ...) or "
+    "a config file's path. Any field can be overridden: "
     "--config.batch_size=2048 (the target batch; None: the baseline's), "
     "--config.strategy=adaptive (legw, linear, sqrt, none, adaptive), "
     "--config.plan.grow_batch=True (adaptive: grow the batch up to batch_size), "
@@ -64,6 +66,10 @@ def main(argv=None):
   except train.StartupError as error:
     return _fail(f"error: {error}", 2)
   except train.Preempted as stop:
+    if stop.step is None:  # nothing to save: end now, not after XLA work still in flight
+      _fail(str(stop), stop.exit_code)
+      sys.stdout.flush()
+      os._exit(stop.exit_code)
     return _fail(str(stop), stop.exit_code)
   except (train.NonFiniteError, train.DivergedError) as stop:  # a NaN batch, or divergence
     return _fail(str(stop), stop.exit_code)
@@ -94,11 +100,35 @@ def parse_flags(argv: list[str]) -> list[str]:
   for name in _OWN_FLAGS:  # --help lists the key flags of the module named by argv[0]
     FLAGS.register_key_flag_for_module(argv[0], FLAGS[name])
   try:
-    return FLAGS(argv)
+    return FLAGS(_with_config_resolved(argv))
+  except SystemExit:
+    if _HELP_FLAGS & set(argv[1:]):  # absl exits 1 after printing the help asked for
+      sys.exit(0)
+    raise
   except flags.Error as error:
     sys.exit(_fail(f"error: {error}", 2))
   except Exception as error:  # pylint: disable=broad-except  # all of it is the user's input
     sys.exit(_fail(f"error: {type(error).__name__}: {error}", 2))
+
+
+_HELP_FLAGS = {"--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml"}
+
+
+def _with_config_resolved(argv: list[str]) -> list[str]:
+  """`argv` with the value of `--config` a file: a packaged config's name becomes its path
+  (`--config mnist1d_lstm` works from any directory).
+
+  Raises:
+    FileNotFoundError: the value is neither a file nor a packaged config's name.
+  """
+  resolved = list(argv)
+  for i, arg in enumerate(resolved):
+    if arg in ("--config", "-config") and i + 1 < len(resolved):
+      resolved[i + 1] = configs.resolve(resolved[i + 1])
+    elif arg.startswith(("--config=", "-config=")):
+      flag, value = arg.split("=", 1)
+      resolved[i] = f"{flag}={configs.resolve(value)}"
+  return resolved
 
 
 def _fail(message: str, status: int) -> int:

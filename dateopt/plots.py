@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from dateopt import extras
+
 
 def read_metrics(path: str) -> list[dict[str, float]]:
   """The rows of a run's metrics, in order.
@@ -73,7 +75,7 @@ def _has_display() -> bool:
 
 def _pyplot():
   """matplotlib.pyplot, on the Agg backend when nothing could show a figure anyway."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib = extras.require("matplotlib", extra="plots")
   # A backend chosen already (MPLBACKEND, a notebook's inline one, pyplot imported by the
   # caller) is kept: forcing Agg there would stop a notebook from showing the figures.
   chosen = "MPLBACKEND" in os.environ or "matplotlib.pyplot" in sys.modules
@@ -129,7 +131,8 @@ def plot_lr_schedules(baseline: Any, batch_sizes: Sequence[int],
   """LR against epochs as DATE plans it, one panel per strategy, one line per batch size.
 
   Each line is `date.build_schedule(date.plan(baseline, batch, strategy))`: what a
-  run at that batch would follow. The panels share their axes, so the peaks compare.
+  run at that batch would follow. Each panel has its own logarithmic LR axis, so every
+  curve can be read; the epochs axis is shared.
 
   Args:
     baseline: the tuned small-batch `dateopt.date.Recipe`.
@@ -154,19 +157,25 @@ def plot_lr_schedules(baseline: Any, batch_sizes: Sequence[int],
     raise ValueError("strategy 'adaptive' has no LR curve to plan: its LR follows the gain "
                      "measured while training; plot a run's train/learning_rate instead.")
   plt = _pyplot()
-  fig, axes = plt.subplots(1, len(strategies), figsize=(4.2 * len(strategies), 3.8), dpi=110,
-                           sharex=True, sharey=True, squeeze=False)
+  fig, axes = plt.subplots(1, len(strategies), figsize=(4.4 * len(strategies), 3.8), dpi=110,
+                           sharex=True, sharey=False, squeeze=False)
   colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, len(batch_sizes)))
   for ax, strategy in zip(axes[0], strategies):
+    peaks = []
     for batch, color in zip(batch_sizes, colors):
       recipe = date.plan(baseline, batch, strategy, **dict(plan_kwargs or {}))
       epochs, lrs = schedule_curve(recipe, max_points)
       k = batch / baseline.batch_size
       ax.plot(epochs, lrs, color=color, linewidth=1.4, label=f"batch {batch:,} ({k:g}x)")
+      peaks.append(float(np.max(lrs)))
+    # A log axis: peaks 64x apart all readable; the warmup's start and the decay's end at
+    # ~0 leave it below 1/100 of the smallest peak.
+    ax.set_yscale("log")
+    ax.set_ylim(min(peaks) / 100, max(peaks) * 2)
     ax.set_title(_STRATEGY_TITLES.get(strategy, strategy), fontsize=9)
     ax.set_xlabel("epochs")
-    ax.grid(True, alpha=0.3)
-  axes[0][0].set_ylabel("learning rate")
+    ax.set_ylabel("learning rate (log scale)")
+    ax.grid(True, which="both", alpha=0.3)
   axes[0][-1].legend(fontsize=8)
   return _finish(fig, path, title)
 
@@ -245,7 +254,7 @@ def _finish(fig, path: str | None, title: str | None):
 # --------------------------------------------------------------------------
 
 
-def _save(fig, ax, path: str, title: str | None) -> str:
+def _save(fig, ax, path: str | None, title: str | None) -> str | None:
   lim = ax.dataLim
   if not (math.isfinite(lim.x0) and math.isfinite(lim.y0)):  # no point (no run got there)
     ax.set_xscale("linear")  # log axes without data fail to draw
@@ -255,7 +264,9 @@ def _save(fig, ax, path: str, title: str | None) -> str:
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=8)
   if title:
-    ax.set_title(title)
+    fig.suptitle(title) if len(fig.axes) > 1 else ax.set_title(title)
+  if path is None:  # one panel of several: the last call saves the figure
+    return None
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path)
@@ -296,28 +307,41 @@ def plot_accuracy_vs_batch(summary: Sequence[Mapping], path: str, *,
                            title: str | None = None) -> str:
   """Final accuracy (mean ± std over seeds) against batch size, one line per strategy.
 
+  Two panels: every run on the left; on the right the same lines on an axis 3 points below
+  to 1.5 above the baseline, where the comparison with it can be read.
+
   Example:
     >>> plot_accuracy_vs_batch(study.summarize(rows), "accuracy_vs_batch.png")
   """
   from dateopt.study import STRATEGIES  # pylint: disable=g-import-not-at-top
   plt = _pyplot()
-  fig, ax = plt.subplots(figsize=(7, 4.4), dpi=120)
-  for strategy, entries in _by_strategy(summary, "accuracy").items():
-    ax.errorbar([e["batch"] for e in entries], [e["accuracy"] for e in entries],
-                yerr=[e["accuracy_std"] for e in entries], marker="o", markersize=3.5,
-                capsize=2, linewidth=1.3, label=STRATEGIES[strategy])
+  fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), dpi=120)
   baseline = next((e for e in summary if e["strategy"] == "baseline"), None)
+  for ax in axes:
+    for strategy, entries in _by_strategy(summary, "accuracy").items():
+      ax.errorbar([e["batch"] for e in entries], [e["accuracy"] for e in entries],
+                  yerr=[e["accuracy_std"] for e in entries], marker="o", markersize=3.5,
+                  capsize=2, linewidth=1.3, label=STRATEGIES[strategy])
+    if baseline is not None:
+      ax.axhspan(baseline["accuracy"] - 1.0, baseline["accuracy"], color="grey", alpha=0.15,
+                 label="within 1 point of the baseline")
+    _batch_axis(ax, summary)
+    ax.set_ylabel("final test accuracy (%)")
+  axes[0].set_title("every run", fontsize=9)
   if baseline is not None:
-    ax.axhspan(baseline["accuracy"] - 1.0, baseline["accuracy"], color="grey", alpha=0.15,
-               label="within 1 point of the baseline")
-  _batch_axis(ax, summary)
-  ax.set_ylabel("final test accuracy (%)")
-  return _save(fig, ax, path, title)
+    axes[1].set_ylim(baseline["accuracy"] - 3.0, baseline["accuracy"] + 1.5)
+    axes[1].set_title("near the baseline (runs below 3 points under it leave the axis)",
+                      fontsize=9)
+  _save(fig, axes[1], None, None)  # the zoomed panel: its grid; the legend is the left one's
+  if axes[1].get_legend() is not None:
+    axes[1].get_legend().remove()
+  return _save(fig, axes[0], path, title)
 
 
 def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: float,
                          title: str | None = None) -> str:
-  """Steps to the baseline's accuracy against batch, with the noise-scale law drawn on it.
+  """Steps to the target (the baseline's mean accuracy less 1 point, `study.baseline_target`)
+  against batch, with the noise-scale law drawn on it.
 
   The law (McCandlish et al. 2018) is anchored at the baseline's steps:
   S(B) = S(B0)·(1 + B_noise/B)/(1 + B_noise/B0); perfect scaling is S(B0)·B0/B.
@@ -342,7 +366,7 @@ def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: 
     ax.plot(grid, [s0 * b0 / b for b in grid], "k:", linewidth=1.0, label="perfect scaling")
   ax.set_yscale("log")
   _batch_axis(ax, summary)
-  ax.set_ylabel("steps to the baseline's accuracy")
+  ax.set_ylabel("steps to the baseline's accuracy − 1 point")
   return _save(fig, ax, path, title)
 
 

@@ -210,7 +210,7 @@ def warmup_polynomial_decay(
     power: float = 2.0,
     end_value: float = 1e-4,
 ) -> optax.Schedule:
-  """The MLPerf LARS schedule (REFERENCE.md §1/§3, You et al. 2017).
+  """The MLPerf LARS schedule (docs/papers.md §1/§3, You et al. 2017).
 
   lr(t) = peak·t/T_w for t < T_w, then
   end + (peak − end)·(1 − (t − T_w)/(T − T_w + 1))^power; power 2, end 1e-4 by

@@ -1,4 +1,4 @@
-"""DATE's plans vs the tuned MLPerf ResNet-50 recipes (REFERENCE.md §4).
+"""DATE's plans vs the tuned MLPerf ResNet-50 recipes (docs/papers.md §4).
 
 Plans from the MLPerf 8,192 recipe (LARS, peak 17, 5 warmup epochs, momentum
 0.9, 42 epochs) to every larger batch in that table with the default strategy
@@ -20,7 +20,7 @@ IMAGENET_TRAIN_EXAMPLES = 1_281_167
 
 
 class TunedRecipe(NamedTuple):
-  """One row of REFERENCE.md §4."""
+  """One row of docs/papers.md §4."""
 
   batch_size: int
   peak_lr: float

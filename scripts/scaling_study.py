@@ -107,7 +107,7 @@ def report(runner, outdir: str, figures: str | None) -> str:
                                      title=f"{workload}: accuracy vs batch"),
         plots.plot_steps_to_target(entries, os.path.join(outdir, f"{workload}_steps.png"),
                                    noise_scale=noise,
-                                   title=f"{workload}: steps to the baseline's accuracy"),
+                                   title=f"{workload}: steps to the baseline's accuracy − 1 point"),
         plots.plot_steps_vs_examples(entries, os.path.join(outdir, f"{workload}_tradeoff.png"),
                                      noise_scale=noise,
                                      title=f"{workload}: DATE's steps/examples trade-off"),

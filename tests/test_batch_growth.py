@@ -185,7 +185,7 @@ def test_budget_of_a_growing_batch_by_hand():
   # B_noise = 200 throughout, no warmup, a step priced at B_max = 512, interval 20: rungs 32,
   # 64, 128, 256 (128·256 ≤ 512·200), then it stays (256·512 > 512·200).
   budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
-                                 base_steps=1000)
+                                 base_steps=1000, step_price=1.0)
   gains = [date.adascale_gain(200.0, 32, b) for b in (32, 64, 128, 256)]
   covered = 20 * sum(gains[:3])   # 20 steps at each of the first three rungs
   rest = -(-(1000 - covered) // gains[3])

@@ -19,7 +19,7 @@ IMAGENET = 1_281_167
 
 
 def legw_baseline(**changes):
-  """REFERENCE.md §3: LARS ResNet-50 at 1K, 2^2.5, 0.3125 warmup epochs, 90 epochs."""
+  """docs/papers.md §3: LARS ResNet-50 at 1K, 2^2.5, 0.3125 warmup epochs, 90 epochs."""
   fields = dict(batch_size=1024, num_examples=IMAGENET, num_epochs=90,
                 learning_rate=2 ** 2.5, optimizer="lars", warmup_epochs=0.3125,
                 decay="polynomial", end_value=1e-4, weight_decay=1e-4)

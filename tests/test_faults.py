@@ -221,6 +221,7 @@ def test_stop_requests_install_and_restore_the_handlers():
     with preemption.StopRequests() as stops:
       assert signal.getsignal(signal.SIGTERM) is not previous
       assert not stops.should_stop(1, shares=True)
+      stops.stepping()  # a step taken: a signal now waits for it to be saved
       os.kill(os.getpid(), signal.SIGTERM)
       assert stops.received == signal.SIGTERM and stops.should_stop(2, shares=False)
       os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's repeat: the save goes on
@@ -230,6 +231,63 @@ def test_stop_requests_install_and_restore_the_handlers():
     assert signal.getsignal(signal.SIGTERM) is previous
   finally:
     signal.signal(signal.SIGTERM, old)
+
+
+def test_a_signal_before_the_first_step_stops_at_once():
+  wakeup = signal.set_wakeup_fd(-1)
+  signal.set_wakeup_fd(wakeup)
+  with pytest.raises(preemption.Preempted) as stopped:
+    with preemption.StopRequests():
+      os.kill(os.getpid(), signal.SIGTERM)  # nothing to save yet: the handler raises
+      time.sleep(5)
+      raise AssertionError("the signal did not stop the run")
+  assert stopped.value.step is None and stopped.value.exit_code == 143
+  assert str(stopped.value) == ("stopped (SIGTERM) before the first step: nothing to save; the "
+                                "same command starts (or resumes) the run again.")
+  assert signal.set_wakeup_fd(wakeup) == wakeup  # the previous wakeup fd is back
+
+
+_STUCK_BEFORE_THE_FIRST_STEP = """
+import signal, sys, time
+from dateopt.train import preemption
+with preemption.StopRequests() as stops:
+  stops.on_exit_now.append(lambda: open(sys.argv[1], "w").close())
+  # The main thread as inside a compilation: its Python handler cannot run.
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+  print("ready", flush=True)
+  time.sleep(120)
+"""
+
+
+def test_a_signal_during_a_long_compile_ends_the_process_within_seconds(tmp_path):
+  cleaned = tmp_path / "cleaned"
+  proc = subprocess.Popen([sys.executable, "-c", _STUCK_BEFORE_THE_FIRST_STEP, str(cleaned)],
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  assert proc.stdout.readline() == "ready\n"
+  start = time.monotonic()
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=60)
+  assert proc.returncode == 143 and time.monotonic() - start < preemption.ANSWER_SECONDS + 10
+  assert _one_message(stderr) == ("dateopt-train: stopped (SIGTERM) before the first step: "
+                                  "nothing to save; the same command starts (or resumes) the "
+                                  "run again.")
+  assert cleaned.exists()  # the lock's release ran first
+
+
+def test_sigterm_before_the_first_step_exits_at_once_with_nothing_saved(tmp_path):
+  fresh = Cli(tmp_path / "empty_cache")  # a real compile, not the shared cache's
+  proc = fresh.start(tmp_path / "run")
+  while "DATE plan" not in proc.stdout.readline():  # planned: the compiles come next
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+  start = time.monotonic()
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=120)
+  assert proc.returncode == 143, stderr[-3000:]
+  assert time.monotonic() - start < preemption.ANSWER_SECONDS + 10
+  assert "before the first step: nothing to save" in _one_message(stderr)
+  assert _complete_checkpoints(tmp_path / "run") == []
+  assert not os.path.exists(tmp_path / "run" / workdir_lock.LOCK_NAME)
 
 
 def test_preempted_says_where_and_what_next():
@@ -576,10 +634,23 @@ def test_a_rerun_that_would_start_over_on_a_finished_run_is_refused(cli, referen
   assert max(row["step"] for row in _strict_rows(tmp_path)) == 5
 
 
-def test_a_resume_with_another_seed_or_an_unreadable_record_is_refused(cli, reference, tmp_path):
+@pytest.mark.parametrize("flag, change", [
+    ("--config.seed=7", "config.seed: 0 → 7"),
+    ("--config.guard=False", "config.guard: true → false"),
+    ("--config.model_kwargs.hidden_size=8", 'config.model_kwargs: {"hidden_size": 16} → '
+                                            '{"hidden_size": 8}'),
+])
+def test_a_resume_that_changes_the_seed_model_or_guard_names_the_field(cli, reference, tmp_path,
+                                                                        flag, change):
   shutil.copytree(reference[0], tmp_path, dirs_exist_ok=True)
-  done = cli.run(tmp_path, "--config.seed=7")
-  assert done.returncode == 2 and "this config changes seed: 0 → 7" in _one_message(done.stderr)
+  done = cli.run(tmp_path, flag)
+  assert done.returncode == 2
+  assert f"this config changes {change}." in _one_message(done.stderr)  # before any restore
+  assert "Event loop is closed" not in done.stderr
+
+
+def test_an_unreadable_record_is_refused(cli, reference, tmp_path):
+  shutil.copytree(reference[0], tmp_path, dirs_exist_ok=True)
   (tmp_path / "recipe.json").write_text('{"planned": {"batch_size": 6')  # damaged
   done = cli.run(tmp_path)
   assert done.returncode == 2

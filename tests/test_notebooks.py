@@ -10,9 +10,12 @@ a Colab badge that opens the notebook itself.
 """
 
 import asyncio
+import glob
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -56,6 +59,31 @@ def test_every_notebook_is_tested():
   assert sorted(p.name for p in NOTEBOOKS_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
 
 
+@pytest.mark.parametrize("source, requirement", [
+    ("", "dateopt[train,data,plots]"),
+    ("git+https://github.com/dateopt/dateopt@main",
+     "dateopt[train,data,plots] @ git+https://github.com/dateopt/dateopt@main"),
+    ("/src/dateopt", "/src/dateopt[train,data,plots]"),
+])
+def test_the_install_cell_installs_by_name_or_from_dateopt_source(monkeypatch, source,
+                                                                   requirement):
+  import dateopt  # pylint: disable=import-outside-toplevel
+  installed = []
+
+  def pip(command):  # the install "succeeds": dateopt is importable again
+    installed.append(command[-1])
+    monkeypatch.setitem(sys.modules, "dateopt", dateopt)
+
+  monkeypatch.setattr(subprocess, "check_call", pip)
+  monkeypatch.setattr(glob, "glob", lambda pattern: [])  # no TPU
+  monkeypatch.setenv("DATEOPT_SOURCE", source)
+  for name in NOTEBOOKS:
+    installed.clear()
+    monkeypatch.setitem(sys.modules, "dateopt", None)  # `import dateopt` raises ImportError
+    exec(_code_cells(_read(name))[0].source, {})  # noqa: S102
+    assert installed == [requirement], name
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_saved_notebook_has_its_badge_and_full_run_outputs(name):
   nb = _read(name)
@@ -63,8 +91,8 @@ def test_saved_notebook_has_its_badge_and_full_run_outputs(name):
   assert nb.nbformat == 4 and nb.metadata.kernelspec.name == "python3"
   repo = _badge_repo(nb, name)
   install = _code_cells(nb)[0].source
-  assert f'REPO = "{repo}"' in install  # the badge's repository is the one installed
-  assert "git+https://github.com/{REPO}" in install and "invalidate_caches()" in install
+  assert f"git+https://github.com/{repo}@main" in install  # the badge's repository, named
+  assert "DATEOPT_SOURCE" in install and "invalidate_caches()" in install
   assert '"-e"' not in install
   switch = _code_cells(nb)[1].source
   assert 'os.environ.get("DATEOPT_NOTEBOOK_SMALL") == "1"' in switch

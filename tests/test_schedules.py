@@ -1,4 +1,4 @@
-"""Schedules and scaling rules against hand arithmetic and REFERENCE.md numbers."""
+"""Schedules and scaling rules against hand arithmetic and docs/papers.md numbers."""
 
 import doctest
 import math
@@ -146,7 +146,7 @@ def test_repeated_multistep_boundaries_multiply():
 
 
 def _mlperf_reference(t, peak, warmup, total, power=2.0, end=1e-4):
-  """REFERENCE.md §3, written out independently in plain Python."""
+  """docs/papers.md §3, written out independently in plain Python."""
   if t < warmup:
     return peak * t / warmup
   return end + (peak - end) * (1 - (t - warmup) / (total - warmup + 1)) ** power
@@ -224,7 +224,7 @@ def test_epoch_schedule_keeps_the_last_partial_batch_when_asked():
 
 # ---- LEGW warmup length (the schedule itself: dateopt.date.plan) ------------
 
-# REFERENCE.md §3: batch -> warmup epochs from B0 = 1K, 0.3125 epochs.
+# docs/papers.md §3: batch -> warmup epochs from B0 = 1K, 0.3125 epochs.
 LEGW_WARMUP = {512: 0.15625, 1024: 0.3125, 2048: 0.625, 4096: 1.25, 8192: 2.5,
                16384: 5.0, 32768: 10.0}
 

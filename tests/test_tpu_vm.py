@@ -1,4 +1,4 @@
-"""scripts/tpu_vm.py without gcloud: the exact commands (--dry-run), the remote scripts, watch."""
+"""dateopt-tpu (dateopt/tpu.py, and scripts/tpu_vm.py from a clone) without gcloud: the exact commands (--dry-run), the remote scripts, watch."""
 
 import ast
 import importlib.util
@@ -16,15 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "tpu_vm.py"
 
 
-def _load_script():
-  spec = importlib.util.spec_from_file_location("tpu_vm", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["tpu_vm"] = module  # dataclasses look their module up here
-  spec.loader.exec_module(module)
-  return module
-
-
-tpu_vm = _load_script()
+from dateopt import tpu as tpu_vm  # noqa: E402
 
 WHERE = "--zone=us-central2-b --project=my-project"
 TARGET = ["my-tpu", "--zone=us-central2-b", "--project=my-project"]
@@ -174,7 +166,7 @@ def test_install_command_makes_a_venv_with_the_tpu_extras():
   assert 'need="$need $PY-venv"' in script  # python3-venv / python3.11-venv when missing
   assert "apt-get install -y -qq $need" in script
   assert "$PY -m venv .venv" in script
-  assert script.endswith('.venv/bin/python -m pip install -q -e ".[data,gcp,tpu]"')
+  assert script.endswith('.venv/bin/python -m pip install -q -e ".[train,data,gcp,tpu]"')
   assert remote_script(lines("install", *TARGET, "--extras=data,tpu")[0]).endswith('".[data,tpu]"')
 
 
@@ -323,7 +315,7 @@ def test_watch_recreates_a_suspended_queued_resource_and_waits_until_active():
   fake = FakeGcloud(states=["SUSPENDED", "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE",
                             "ACTIVE"], statuses=["stopped"])
   reason, sleeps, target, spec, _ = _watch(fake, queued=True)
-  assert reason == "the run was stopped with `tpu_vm.py stop`"
+  assert reason == "the run was stopped with `dateopt-tpu stop`"
   assert fake.commands[1:3] == [shlex.join(tpu_vm.delete_command(target)),
                                 shlex.join(tpu_vm.create_command(target, spec))]
   assert "--force" in fake.commands[1] and "queued-resources create" in fake.commands[2]
@@ -470,18 +462,3 @@ def test_lock_name_is_the_trainers():
   assert tpu_vm.WORKDIR_LOCK_NAME == value
 
 
-def readme_commands(program):
-  """The README's `python <program> ...` commands (continuations joined, comments dropped)."""
-  text = (REPO / "README.md").read_text()
-  joined = re.sub(r"\\\n\s*", "", text)
-  return [shlex.split(line, comments=True)[2:] for line in joined.splitlines()
-          if line.startswith(f"python {program} ")]
-
-
-def test_every_readme_tpu_vm_command_runs_dry():
-  commands = readme_commands("scripts/tpu_vm.py")
-  assert {c[0] for c in commands} >= {"run", "create", "copy", "install", "start", "tail",
-                                      "stop", "delete", "watch"}
-  for args in commands:
-    out = lines(*args)
-    assert out and all(line.startswith("gcloud ") for line in out), args

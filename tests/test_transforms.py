@@ -1,4 +1,4 @@
-"""LARS / LAMB transforms against REFERENCE.md vectors, optax, and a NumPy reference."""
+"""LARS / LAMB transforms against docs/papers.md vectors, optax, and a NumPy reference."""
 
 import numpy as np
 import jax
@@ -40,7 +40,7 @@ def _assert_trees_close(a, b, atol=1e-6, rtol=0.0):
                                                        atol=atol, rtol=rtol), a, b)
 
 
-# --- REFERENCE.md test vectors (hand arithmetic) ------------------------------
+# --- docs/papers.md test vectors (hand arithmetic) ------------------------------
 
 W, G = {"w": jnp.array([3.0, 4.0])}, {"w": jnp.array([0.8, -0.6])}
 
@@ -68,7 +68,7 @@ def test_lamb_reference_vector():
 
 
 def test_lars_weight_decay_caps_local_lr():
-  """λ <= η/β whatever the gradient (REFERENCE.md §1)."""
+  """λ <= η/β whatever the gradient (docs/papers.md §1)."""
   g = {"w": jnp.array([1e-9, 0.0])}
   lam = dateopt.transforms.lars_trust_ratios(g, W, weight_decay=0.1)["w"]
   assert float(lam) <= 0.001 / 0.1 + 1e-9
@@ -96,11 +96,11 @@ def test_lamb_matches_optax_lamb():
   _assert_trees_close(ours, theirs, atol=1e-6)
 
 
-# --- Against an independent NumPy implementation of REFERENCE.md §1 ------------
+# --- Against an independent NumPy implementation of docs/papers.md §1 ------------
 
 def numpy_lars(params, steps, lr_fn, *, momentum, weight_decay, eta, eps, nesterov,
                selected, trust_clip=False, momentum_correction=False):
-  """Plain float64 NumPy LARS, paper order, written from REFERENCE.md §1."""
+  """Plain float64 NumPy LARS, paper order, written from docs/papers.md §1."""
   w = {k: np.asarray(v, np.float64) for k, v in params.items()}
   v = {k: np.zeros_like(x) for k, x in w.items()}
   last_lr = 0.0

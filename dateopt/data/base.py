@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Protocol
 
 import numpy as np
 
-from dateopt import epochs
+from dateopt import epochs, extras
 from dateopt.data.augment import ShiftScaleNoise, augment_level
 from dateopt.validation import check_choice, check_range, check_type
 
@@ -171,7 +171,7 @@ def map_in_order(fn: Callable[[int], Batch], start: int, stop: int | None,
   if num_threads == 0:
     steps = itertools.count(start) if stop is None else range(start, stop)
     return (fn(step) for step in steps)
-  import grain  # pylint: disable=g-import-not-at-top  (only pipelines that decode need it)
+  grain = extras.require("grain", extra="data")  # only pipelines that decode need it
 
   stop = np.iinfo(np.int64).max if stop is None else stop
   steps = grain.MapDataset.range(start, stop).map(fn)

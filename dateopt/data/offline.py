@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dateopt import extras
 from dateopt.data.augment import ShiftScaleNoise
 from dateopt.data.base import ArraySource, AugmentKey, Batch, Dataset, image_layout
 from dateopt.validation import check_range, check_type
@@ -47,9 +48,9 @@ def mnist1d_arrays(
   Example:
     >>> arrays, from_cache = mnist1d_arrays(num_samples=1000, cache_dir="/tmp/mnist1d")
   """
-  import mnist1d.data  # pylint: disable=g-import-not-at-top  (optional dependency)
+  mnist1d_data = extras.require("mnist1d.data", extra="data")
 
-  args = mnist1d.data.get_dataset_args(as_dict=True)
+  args = mnist1d_data.get_dataset_args(as_dict=True)
   args.update(num_samples=num_samples, seed=seed)
   path = _mnist1d_cache_path(num_samples, seed, cache_dir)
   cached = _read_mnist1d_cache(path, args)
@@ -76,11 +77,11 @@ def _read_mnist1d_cache(path: Path, args: dict) -> dict[str, np.ndarray] | None:
 
 
 def _generate_mnist1d(args: dict) -> dict[str, np.ndarray]:
-  import mnist1d.data  # pylint: disable=g-import-not-at-top
+  mnist1d_data = extras.require("mnist1d.data", extra="data")
 
   python_state, numpy_state = random.getstate(), np.random.get_state()
   try:
-    data = mnist1d.data.make_dataset(mnist1d.data.ObjectView(dict(args)))
+    data = mnist1d_data.make_dataset(mnist1d_data.ObjectView(dict(args)))
   finally:
     random.setstate(python_state)
     np.random.set_state(numpy_state)
@@ -148,8 +149,8 @@ def build_digits(*, data_dir: str | None = None, seed: int = 0, test_fraction: f
     >>> ds = build_digits(layout="sequence")
   """
   del data_dir
-  from sklearn.datasets import load_digits  # pylint: disable=g-import-not-at-top
-  from sklearn.model_selection import train_test_split  # pylint: disable=g-import-not-at-top
+  load_digits = extras.require("sklearn.datasets", extra="data").load_digits
+  train_test_split = extras.require("sklearn.model_selection", extra="data").train_test_split
 
   check_type("seed", seed, int, "a non-negative int")
   check_range("seed", seed, low=0)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dateopt import extras
 from dateopt.data.base import AugmentKey, Batch, Dataset, example_rng, image_layout
 from dateopt.validation import check_range, check_type
 
@@ -25,12 +26,7 @@ DEFAULT_NUM_THREADS = 4
 
 
 def _import_tfds():
-  try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  except ImportError as error:
-    raise ImportError("TFDS datasets need tensorflow-datasets (no TensorFlow): "
-                      "pip install 'dateopt[data]'.") from error
-  return tfds
+  return extras.require("tensorflow_datasets", extra="data")  # no TensorFlow needed
 
 
 def open_tfds_split(name: str, split: str, data_dir: str | None) -> Sequence[dict[str, Any]]:

@@ -12,7 +12,7 @@ covariance), so
 Both estimates are noisy: their EMAs are kept separately and B_noise is the
 ratio of the EMAs. AdaScale (Johnson et al. 2020) turns them into the gain of
 a batch k times the baseline's, r = (1 + B_noise/B0)/(1 + B_noise/B): how
-many baseline steps one large-batch step is worth (REFERENCE.md §6).
+many baseline steps one large-batch step is worth (docs/papers.md §6).
 
 This module is the estimator only: `measure_noise_scale` keeps the EMAs in an
 optimizer state; `grouped_value_and_grad` (or its two halves,
@@ -208,7 +208,7 @@ def no_measurement(small_batch_size: int, big_batch_size: int) -> GradientSqNorm
 def noise_estimates(sq_norms: GradientSqNorms) -> tuple[jax.Array, jax.Array]:
   """Unbiased estimates (|G|², tr Σ) from squared norms at two batch sizes.
 
-  McCandlish et al. 2018, appendix A (REFERENCE.md §6).
+  McCandlish et al. 2018, appendix A (docs/papers.md §6).
 
   Example:
     >>> # |G|² = 2, tr Σ = 30: E|G_10|² = 2 + 3, E|G_80|² = 2 + 0.375
@@ -225,23 +225,28 @@ def noise_estimates(sq_norms: GradientSqNorms) -> tuple[jax.Array, jax.Array]:
 
 
 class NoiseScaleState(NamedTuple):
-  """EMAs (not bias-corrected) of the |G|² and tr Σ estimates, and their count."""
+  """EMAs (not bias-corrected) of the |G|² and tr Σ estimates, their count, and their
+  bias correction `weight` = 1 − Π decay (the decay may change between measurements)."""
 
   grad_sq_ema: jax.Array
   trace_ema: jax.Array
   count: jax.Array
+  weight: jax.Array | float = 0.0
 
 
 def init_noise_scale() -> NoiseScaleState:
   """An empty noise-scale state (no measurement yet)."""
   zero = jnp.zeros((), jnp.float32)
-  return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32))
+  return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32), zero)
 
 
 def update_noise_scale(
-    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float | jax.Array = 0.99
 ) -> NoiseScaleState:
   """Folds one measurement into the EMAs; non-finite measurements are ignored.
+
+  `decay` may differ from one measurement to the next (DATE's adaptive mode
+  decays per baseline step of progress); `weight` keeps the exact bias correction.
 
   Example:
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
@@ -252,7 +257,7 @@ def update_noise_scale(
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
-                         state.count + ok.astype(jnp.int32))
+                         state.count + ok.astype(jnp.int32), ema(state.weight, 1.0))
 
 
 def noise_scale(state: NoiseScaleState) -> jax.Array:

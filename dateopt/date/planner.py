@@ -26,7 +26,7 @@ _PROMOTIONS = {"momentum": "lars", "nesterov": "lars", "adam": "lamb", "adamw": 
 # promoted recipe takes its peak LR from a published recipe of the new family,
 # (batch size, peak LR), scaled to the target batch by the strategy's rule.
 DEFAULT_PROMOTION_ANCHORS = {
-    # LEGW ResNet-50/ImageNet with LARS (REFERENCE.md §3): 2^2.5 at batch 1K.
+    # LEGW ResNet-50/ImageNet with LARS (docs/papers.md §3): 2^2.5 at batch 1K.
     "lars": (1024, 2 ** 2.5),
     # NVIDIA's BERT pre-training with LAMB (DeepLearningExamples, phase 1).
     "lamb": (65536, 6e-3),

@@ -143,6 +143,24 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
 }
 
 
+# The fields besides the recipe that a resumed run must share with the run in its workdir:
+# the seed (data order, dropout), the model, and what shapes or steers the optimizer's state.
+# `recipe.json` records them; a resume that changes one is refused, naming it.
+RESUME_FIELDS = ("seed", "model", "model_kwargs", "guard", "guard_kwargs", "statistics",
+                 "grad_groups", "measure_every_steps", "divergence_patience")
+
+
+def resume_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """`RESUME_FIELDS` of `config` as plain JSON values (sub-configs as dicts).
+
+  Example:
+    >>> resume_fields(default_config())["guard"]
+    True
+  """
+  return {key: to_dict(config[key]) if isinstance(config[key], (ml_collections.ConfigDict, dict))
+          else config[key] for key in RESUME_FIELDS}
+
+
 def check_loop_fields(config: ml_collections.ConfigDict) -> None:
   """Raises TypeError or ValueError naming the `LOOP_FIELDS` field that is not an int
   in its range, with the values allowed and what the special ones mean.

@@ -8,6 +8,14 @@ status 128 + the signal number (143, 129, 130). The same command then resumes
 the run. A repeated SIGTERM or SIGHUP (schedulers send several) changes
 nothing: the save under way finishes. A second Ctrl-C stops at once.
 
+Before the first step is taken there is nothing to save, and the start (loading
+the data, compiling the step: minutes on a loaded machine) can be longer than
+a preemption's grace period (about 30 s). A signal then ends the run at once
+with one line that says so. Python runs signal handlers only between bytecodes,
+not inside a compilation, so a watcher thread, woken through
+`signal.set_wakeup_fd`, ends a process whose main thread has not unwound
+within `ANSWER_SECONDS`.
+
 Every process of a multi-host run must stop at the same step, or the
 collective checkpoint save would hang. There SIGTERM belongs to JAX's
 preemption service (installed by `jax.distributed.initialize`): it shares the
@@ -19,7 +27,9 @@ log steps, which every process reaches at the same step.
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import sys
 import threading
 
@@ -33,7 +43,8 @@ class Preempted(Exception):
 
   Attributes:
     signum: the signal that stopped the run.
-    step: the last step taken (and saved, with checkpointing on).
+    step: the last step taken (and saved, with checkpointing on); None when the
+      signal came before the first step, with nothing to save.
     checkpoint_dir: where that step was saved; None with checkpointing off.
 
   Example:
@@ -43,7 +54,7 @@ class Preempted(Exception):
     ...   print(stop); sys.exit(stop.exit_code)
   """
 
-  def __init__(self, signum: int, step: int, checkpoint_dir: str | None):
+  def __init__(self, signum: int, step: int | None, checkpoint_dir: str | None):
     super().__init__(signum, step, checkpoint_dir)
     self.signum, self.step, self.checkpoint_dir = signum, step, checkpoint_dir
 
@@ -53,12 +64,25 @@ class Preempted(Exception):
     return 128 + self.signum
 
   def __str__(self) -> str:
+    if self.step is None:
+      return before_first_step(self.signum)
     if self.checkpoint_dir is None:
       then = ("checkpointing is off (config.checkpoint_every_steps=-1), "
               "so a rerun starts over")
     else:
       then = f"checkpoint saved in {self.checkpoint_dir}; rerun the same command to resume"
     return f"preempted ({signal.Signals(self.signum).name}) at step {self.step}; {then}."
+
+
+# How long the watcher gives the main thread to unwind after a signal that came before the
+# first step, before it ends the process itself (the main thread is inside a compilation).
+ANSWER_SECONDS = 3.0
+
+
+def before_first_step(signum: int) -> str:
+  """The one line for a run stopped by `signum` before its first step."""
+  return (f"stopped ({signal.Signals(signum).name}) before the first step: nothing to "
+          f"save; the same command starts (or resumes) the run again.")
 
 
 class StopRequests:
@@ -68,12 +92,16 @@ class StopRequests:
   only; elsewhere Python forbids it and signals keep their old meaning) and
   the previous ones are restored on exit. A second SIGINT stops at once
   (KeyboardInterrupt: the person at the terminal does not want to wait); a
-  second SIGTERM or SIGHUP is noted on stderr and waits for the save.
+  second SIGTERM or SIGHUP is noted on stderr and waits for the save. Until
+  `stepping()` is called a signal stops the run at once: the handler raises
+  `Preempted` (step None), or the watcher thread ends a process whose main
+  thread is stuck in a compilation (`on_exit_now` callbacks run first).
 
   Example:
     >>> with StopRequests() as stops:
     ...   for step in range(1, 101):
     ...     state = train_step(state)
+    ...     stops.stepping()  # from here a signal waits for the step and its save
     ...     if stops.should_stop(step, shares=step % 10 == 0):
     ...       save(step, state)
     ...       raise Preempted(stops.received, step, "/tmp/run/checkpoints")
@@ -85,6 +113,11 @@ class StopRequests:
     self._previous: dict[int, object] = {}
     self._multihost = jax.process_count() > 1
     self._service = self._multihost and bool(jax.config.jax_enable_preemption_service)
+    self._stepping = False
+    self._closed = threading.Event()
+    self.on_exit_now: list = []  # callables the watcher runs before it ends the process
+    self._wakeup: tuple[socket.socket, socket.socket] | None = None
+    self._previous_wakeup_fd = -1
 
   def __enter__(self) -> "StopRequests":
     if threading.current_thread() is not threading.main_thread():
@@ -93,15 +126,73 @@ class StopRequests:
       if signum == signal.SIGTERM and self._service:
         continue  # JAX's handler owns SIGTERM; replacing it would cut the other hosts off.
       self._previous[signum] = signal.signal(signum, self._handle)
+    self._start_watcher()
     return self
 
   def __exit__(self, *exc_info) -> None:
+    self._closed.set()
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
+    if self._wakeup is not None:
+      signal.set_wakeup_fd(self._previous_wakeup_fd)
+      for end in self._wakeup:
+        end.close()  # the watcher's read returns, and it ends
+      self._wakeup = None
+
+  def stepping(self) -> None:
+    """The first step is taken: from now on a signal waits for the step and its save."""
+    self._stepping = True
+
+  def _start_watcher(self) -> None:
+    """C's signal handler writes the signal's number to the wakeup socket at once, even
+    while the main thread is inside XLA; the watcher thread reads it there."""
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # Python requires it of a wakeup fd
+    try:
+      self._previous_wakeup_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:  # not the main thread's interpreter
+      reader.close(), writer.close()
+      return
+    self._wakeup = (reader, writer)
+    threading.Thread(target=self._watch, args=(reader,), name="dateopt-stop-watcher",
+                     daemon=True).start()
+
+  def _watch(self, reader: socket.socket) -> None:
+    while True:
+      try:
+        data = reader.recv(64)
+      except OSError:  # closed by __exit__
+        return
+      if not data:
+        return
+      for signum in data:
+        if signum in self._signals and not self._stepping:
+          self._answer_or_exit(signum)
+
+  def _answer_or_exit(self, signum: int) -> None:
+    """Before the first step: the main thread's handler raises `Preempted`, and the run
+    unwinds within `ANSWER_SECONDS`, unless it is inside a compilation; then the
+    process ends here."""
+    if self._closed.wait(ANSWER_SECONDS):
+      return  # unwound: the caller says so itself
+    if self._stepping:
+      return  # the first step came first: the loop saves it and stops
+    print(f"dateopt-train: {before_first_step(signum)}", file=sys.stderr, flush=True)
+    for callback in self.on_exit_now:
+      try:
+        callback()
+      except Exception:  # pylint: disable=broad-except
+        pass  # best effort: the process ends either way
+    os._exit(128 + signum)
 
   def _handle(self, signum: int, frame) -> None:
     del frame
+    if not self._stepping and self.received is None:
+      self.received = signum
+      raise Preempted(signum, None, None)  # nothing to save yet: stop at once
+    if self.received is not None and not self._stepping:
+      return  # asked again while the first request unwinds
     if self.received is not None:  # asked again
       if signum == signal.SIGINT:  # by a person: they do not want to wait
         raise KeyboardInterrupt

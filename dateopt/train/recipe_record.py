@@ -10,7 +10,7 @@ on from these checkpoints under the new recipe on purpose, delete
 `recipe.json`: the next start writes the new one.
 
 Example:
-  >>> check_unchanged("/tmp/run", recipe)    # RecipeChangedError if recipe.json differs
+  >>> check_unchanged("/tmp/run", recipe, {"seed": 0})  # RecipeChangedError if it differs
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def _show(value: Any) -> str:
 
 
 def _stored_record(path: epath.Path) -> dict[str, Any]:
-  """What `path` holds ({"planned": ..., "seed": ...}), or {"error": why} when it cannot
+  """What `path` holds ({"planned": ..., "run": ...}), or {"error": why} when it cannot
   be read. The trainer writes it atomically, so a half-written file is damage."""
   try:
     stored = json.loads(path.read_text(encoding="utf-8"))
@@ -71,14 +71,30 @@ def _stored_record(path: epath.Path) -> dict[str, Any]:
   return stored if isinstance(stored, dict) else {"error": "it holds no JSON object"}
 
 
+def _stored_run(record: Mapping[str, Any]) -> dict[str, Any]:
+  """The run fields `record` holds (a file from before they were recorded has the seed)."""
+  run = record.get("run")
+  if isinstance(run, dict):
+    return run
+  return {"seed": record["seed"]} if "seed" in record else {}
+
+
+def _as_json(value: Any) -> Any:
+  """`value` as `recipe.json` gives it back (tuples as lists, numbers as JSON has them)."""
+  return json.loads(json.dumps(value, default=str))
+
+
 def _has_checkpoint(workdir: str) -> bool:
   """Whether `workdir/checkpoints` holds a step (a damaged one counts: it is still a run)."""
   directory = workdirs.as_path(workdir) / "checkpoints"
   return directory.exists() and any(p.name.split(".")[0].isdigit() for p in directory.iterdir())
 
 
-def check_unchanged(workdir: str, recipe: date.Recipe, seed: int | None = None) -> None:
-  """Raises RecipeChangedError when `workdir` holds a run planned with another recipe or seed.
+def check_unchanged(workdir: str, recipe: date.Recipe,
+                    run_fields: Mapping[str, Any] | None = None) -> None:
+  """Raises RecipeChangedError when `workdir` holds a run planned with another recipe, or
+  with other `run_fields` (the config fields besides the recipe that a resume must keep:
+  `config.RESUME_FIELDS`, named `config.<field>` in the message).
 
   A workdir without a checkpoint to resume from (a run that stopped before its
   first save), or without `recipe.json` (deleted to go on under a new recipe
@@ -101,8 +117,8 @@ def check_unchanged(workdir: str, recipe: date.Recipe, seed: int | None = None) 
         f"this run cannot be checked against them. Use a new --workdir, or restore the file "
         f"(to go on from these checkpoints under this config anyway, delete {RECIPE_FILE}).")
   changes = recipe_changes(stored, as_stored(recipe))
-  if seed is not None and "seed" in record and record["seed"] != seed:
-    changes.append(f"seed: {record['seed']} → {seed}")
+  changes += [f"config.{change}" for change in recipe_changes(_stored_run(record),
+                                                                _as_json(run_fields or {}))]
   if changes:
     raise RecipeChangedError(
         f"the workdir {workdir} holds a run planned with another recipe "

@@ -304,7 +304,7 @@ def _save_recipes(workdir: str, exp: Experiment, report: str) -> None:
   root.mkdir(parents=True, exist_ok=True)
   # config.polish rides along for the record; only "planned" is checked on a restart.
   recipes = {"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict(),
-             "seed": exp.config.seed, "polish": dict(exp.polish)}
+             "run": config_lib.resume_fields(exp.config), "polish": dict(exp.polish)}
   # A start killed mid-write must not leave half a file for the restart to judge.
   workdirs.write_atomically(root / recipe_record.RECIPE_FILE,
                             json.dumps(recipes, indent=2, default=str))
@@ -370,14 +370,15 @@ def _lock_workdir(workdir: str, lead: bool) -> dict[str, Any] | None:
 
 def _claim_workdir(workdir: str, lead: bool, exp: Experiment) -> dict[str, Any] | None:
   """`_lock_workdir` on every process, and process 0 checks that a run already in the
-  workdir was planned with this recipe and seed, and that starting over loses nothing
+  workdir was planned with this recipe and `config.RESUME_FIELDS`, and that starting over loses nothing
   it wrote; all go on, or none does (StartupError)."""
   lock, failure = None, None
   try:
     lock = _lock_workdir(workdir, lead)
     if lead:  # after the lock: a live run's files are not ours to judge
       with _startup(recipe_record.RecipeChangedError, recipe_record.WorkdirHoldsRunError):
-        recipe_record.check_unchanged(workdir, exp.recipe, exp.config.seed)
+        recipe_record.check_unchanged(workdir, exp.recipe,
+                                     config_lib.resume_fields(exp.config))
         recipe_record.check_nothing_lost(
             workdir, starts_over=exp.config.checkpoint_every_steps < 0,
             overwrite=exp.config.overwrite)
@@ -416,8 +417,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
                        devices: Sequence[jax.Device] | None = None) -> TrainResult:
   """Plans the recipe with DATE, trains it data-parallel, evaluates and checkpoints.
 
-  SIGTERM or SIGINT during the call ends it after the current step, which is
-  checkpointed first (with checkpointing on): the same call then resumes.
+  SIGTERM, SIGHUP or SIGINT during the call ends it after the current step,
+  which is checkpointed first (with checkpointing on): the same call then
+  resumes. Before the first step, with nothing to save, it ends the run at once.
   The previous signal handlers are back when it returns.
 
   Args:
@@ -451,6 +453,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       exp = build_experiment(config, devices)
       tx, _ = build_optimizer(config, exp.recipe, exp.batch_sizes)  # the LR each step applied is read from its state
     lock = _claim_workdir(workdir, jax.process_index() == 0, exp)
+    stops.on_exit_now.append(lambda: workdir_lock.release(lock))  # a signal inside a compile
     try:
       return _train(exp, tx, workdir, stops)
     finally:
@@ -583,6 +586,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
       step_batch = feed.batch_size
       state, metrics = step_fn(state, parallel.global_batch(feed.next(), exp.mesh), record,
                                measure)
+      stops.stepping()  # a signal now waits for this step and saves it
       clock.count_step(step_batch)
       watch.record(step, metrics)
       done, progress_now, wanted_batch = False, None, step_batch

@@ -1,4 +1,4 @@
-"""ResNet-50/ImageNet planned by LEGW from the 1K baseline (REFERENCE.md section 3).
+"""ResNet-50/ImageNet planned by LEGW from the 1K baseline (docs/papers.md §3).
 
 Baseline: LARS at batch 1024, peak 2^2.5, 0.3125 warmup epochs, 90 epochs.
 DATE's LEGW plan at 32K: peak 32, warmup 10 epochs (override batch_size for

@@ -1,4 +1,4 @@
-"""ResNet-50 on ImageNet with LARS at batch 32K, MLPerf-style (REFERENCE.md section 4).
+"""ResNet-50 on ImageNet with LARS at batch 32K, MLPerf-style (docs/papers.md §4).
 
 The tuned 32,768 recipe is trained as it is (no planning): peak LR 29, 18
 warmup epochs, momentum 0.929, weight decay 1e-4, polynomial power 2 to 1e-4,

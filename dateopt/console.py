@@ -1,0 +1,21 @@
+"""The console scripts, `dateopt-train` and `dateopt-tpu`: each checks its extra first.
+
+A pip user without the `train` extra gets one line naming it, with status 2, rather
+than a traceback from the first missing import.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from dateopt import extras
+
+
+def train() -> int:
+  """`dateopt-train` (dateopt.cli), once the `train` extra is known to be there."""
+  message = extras.missing(extras.TRAIN_MODULES, extra="train")
+  if message is not None:
+    print(f"dateopt-train: error: {message}", file=sys.stderr, flush=True)
+    return 2
+  from dateopt import cli  # pylint: disable=g-import-not-at-top  (needs the train extra)
+  return cli.main()
