@@ -32,7 +32,7 @@ $(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
 	touch $@
 
 docs: $(VENV)/.docs-installed
-	$(BIN)/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
 
 bench: install
 	$(BIN)/python scripts/bench_optimizers.py

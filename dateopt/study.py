@@ -45,7 +45,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import ml_collections
 
-from dateopt import strict_json
+from dateopt import configs, strict_json
 from dateopt.epochs import epochs_to_steps
 from dateopt.validation import check_choice, check_range, check_type
 
@@ -95,9 +95,8 @@ class Cell:
 
 
 def load_config(path: str) -> ml_collections.ConfigDict:
-  """`get_config()` of a config file under `configs/` (a path, not a module name)."""
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path!r} not found.")
+  """`get_config()` of a config file: a path, or a packaged config's name (`configs.resolve`)."""
+  path = configs.resolve(path)
   spec = importlib.util.spec_from_file_location("dateopt_study_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -796,7 +796,9 @@ def _add_install(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_job(parser: argparse.ArgumentParser, has_source: bool = False) -> None:
-  parser.add_argument("--config", required=True, help="configs/*.py, relative to the repository")
+  parser.add_argument("--config", required=True,
+                      help="a packaged config's name (imagenet_resnet50_legw) or a config file "
+                           "in the tree copied to the workers")
   parser.add_argument("--workdir", required=True,
                       help="gs://BUCKET/RUN (checkpoints, metrics, TensorBoard)")
   if not has_source:  # the config is checked against the tree that `copy` sends

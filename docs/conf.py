@@ -24,6 +24,7 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # NamedTuple fields: listed once, not as duplicate attributes
 
 html_theme = "alabaster"
 html_title = f"dateopt {release}"
@@ -41,5 +42,36 @@ def _escape_bars(app, what, name, obj, options, lines):
                         for j, part in enumerate(parts))
 
 
+def _indent(line):
+  return len(line) - len(line.lstrip())
+
+
+def _open_lists(app, what, name, obj, options, lines):
+  """A docstring's indented bullet list right after a line of text ("...:" then "  * a"),
+  and the text right after the list, are one flow to a reader; RST needs blank lines
+  around the list."""
+  del app, what, name, obj, options
+  i, list_indent = 1, None
+  while i < len(lines):
+    line, previous = lines[i], lines[i - 1]
+    bullet = line.lstrip().startswith(("* ", "- "))
+    if list_indent is not None and line.strip() and not bullet and _indent(line) < list_indent:
+      lines.insert(i, "")  # the text after the list
+      list_indent = None
+      i += 1
+    elif list_indent is not None and not line.strip():
+      list_indent = None
+    elif (bullet and list_indent is None and previous.strip()
+          and not previous.lstrip().startswith(("* ", "- "))
+          and _indent(line) > _indent(previous)):
+      lines.insert(i, "")  # the text before the list
+      list_indent = _indent(line)
+      i += 1
+    elif bullet and list_indent is None and not previous.strip():
+      list_indent = _indent(line)
+    i += 1
+
+
 def setup(app):
   app.connect("autodoc-process-docstring", _escape_bars)
+  app.connect("autodoc-process-docstring", _open_lists)

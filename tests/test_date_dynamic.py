@@ -269,14 +269,12 @@ def test_predicted_steps_by_hand():
 def _adaptive_numpy(grads_seq, sq_seq, *, lr0, b0, b, base_steps, warmup, rule, decay):
   """SGD under DATE's adaptive rule, written out in NumPy (float64)."""
   w, tau, g_ema, t_ema, lrs, taus = np.ones(3), 0.0, 0.0, 0.0, [], []
-  gain = 1.0
   for t, (g, (small, big, bs, bb)) in enumerate(zip(grads_seq, sq_seq)):
     if tau >= base_steps:
       break
     g_est = (bb * big - bs * small) / (bb - bs)
     t_est = (small - big) / (1 / bs - 1 / bb)
-    d = decay ** gain  # the EMAs decay per baseline step: the last step covered `gain` of them
-    g_ema, t_ema = d * g_ema + (1 - d) * g_est, d * t_ema + (1 - d) * t_est
+    g_ema, t_ema = decay * g_ema + (1 - decay) * g_est, decay * t_ema + (1 - decay) * t_est
     gain = np.clip((max(t_ema, 0) / b0 + max(g_ema, 0)) / (max(t_ema, 0) / b + max(g_ema, 0)),
                    1, b / b0)
     ramp = min(1.0, (t + 1) / warmup) if warmup else 1.0

@@ -59,9 +59,9 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
 
   Args:
     recipe: the training recipe.
-    noise_decay: adaptive recipes: the noise-scale EMA decay per baseline step
-      of progress (`dateopt.date.adaptive`); measuring 1 step in N, pass
-      0.99**N to keep the same horizon.
+    noise_decay: adaptive recipes: the noise-scale EMA decay per measurement
+      (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
+      the same horizon in steps.
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.

@@ -191,10 +191,10 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
       state.gave_up | (diverged_total >= patience))
 
 
-def gradient_jump(noise: Any, sq_norms: Any) -> jax.Array:
+def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
   """Whether the step's |G_B|² exceeds `GRADIENT_JUMP` × the EMAs' |G|² + tr Σ / B.
 
-  The EMAs are bias-corrected by their `weight` (they start at 0); before 10 measurements,
+  The EMAs are bias-corrected (they start at 0); before 10 measurements,
   or with a non-positive expectation, nothing is a jump.
 
   Example:
@@ -202,12 +202,12 @@ def gradient_jump(noise: Any, sq_norms: Any) -> jax.Array:
     >>> noise = init_noise_scale()
     >>> for _ in range(10):
     ...   noise = update_noise_scale(noise, GradientSqNorms(5.0, 2.375, 10, 80))
-    >>> bool(gradient_jump(noise, GradientSqNorms(5e4, 2.4e4, 10, 80)))
+    >>> bool(gradient_jump(noise, GradientSqNorms(5e4, 2.4e4, 10, 80), 0.99))
     True
-    >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80)))
+    >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80), 0.99))
     False
   """
-  correction = noise.weight
+  correction = 1.0 - noise_decay ** noise.count.astype(jnp.float32)
   batch = jnp.asarray(sq_norms.big_batch_size, jnp.float32)
   expected = (noise.grad_sq_ema + noise.trace_ema / batch) / jnp.maximum(correction, 1e-12)
   return ((noise.count >= 10) & (expected > 0)

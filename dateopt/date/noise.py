@@ -225,28 +225,23 @@ def noise_estimates(sq_norms: GradientSqNorms) -> tuple[jax.Array, jax.Array]:
 
 
 class NoiseScaleState(NamedTuple):
-  """EMAs (not bias-corrected) of the |G|² and tr Σ estimates, their count, and their
-  bias correction `weight` = 1 − Π decay (the decay may change between measurements)."""
+  """EMAs (not bias-corrected) of the |G|² and tr Σ estimates, and their count."""
 
   grad_sq_ema: jax.Array
   trace_ema: jax.Array
   count: jax.Array
-  weight: jax.Array | float = 0.0
 
 
 def init_noise_scale() -> NoiseScaleState:
   """An empty noise-scale state (no measurement yet)."""
   zero = jnp.zeros((), jnp.float32)
-  return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32), zero)
+  return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32))
 
 
 def update_noise_scale(
-    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float | jax.Array = 0.99
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99
 ) -> NoiseScaleState:
   """Folds one measurement into the EMAs; non-finite measurements are ignored.
-
-  `decay` may differ from one measurement to the next (DATE's adaptive mode
-  decays per baseline step of progress); `weight` keeps the exact bias correction.
 
   Example:
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
@@ -257,7 +252,7 @@ def update_noise_scale(
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
-                         state.count + ok.astype(jnp.int32), ema(state.weight, 1.0))
+                         state.count + ok.astype(jnp.int32))
 
 
 def noise_scale(state: NoiseScaleState) -> jax.Array:

