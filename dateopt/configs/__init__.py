@@ -27,13 +27,16 @@ def names() -> list[str]:
 
 def resolve(config: str) -> str:
   """The config file `config` names: a path that exists, else a packaged config's name
-  (with or without `.py` or a leading `configs/`).
+  (with or without `.py` or a leading `configs/`); a `:argument` suffix is kept.
 
   Raises:
     FileNotFoundError: neither; the message lists the packaged names.
   """
   if os.path.isfile(config):
     return config
+  path, colon, argument = config.partition(":")  # ml_collections' `file.py:argument`
+  if colon:
+    return resolve(path) + colon + argument
   name = os.path.basename(config)
   name = name[:-3] if name.endswith(".py") else name
   if name in names():
