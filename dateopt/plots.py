@@ -254,7 +254,7 @@ def _finish(fig, path: str | None, title: str | None):
 # --------------------------------------------------------------------------
 
 
-def _save(fig, ax, path: str | None, title: str | None) -> str | None:
+def _save(fig, ax, path: str, title: str | None) -> str:
   lim = ax.dataLim
   if not (math.isfinite(lim.x0) and math.isfinite(lim.y0)):  # no point (no run got there)
     ax.set_xscale("linear")  # log axes without data fail to draw
@@ -263,10 +263,10 @@ def _save(fig, ax, path: str | None, title: str | None) -> str | None:
   ax.grid(True, which="both", alpha=0.3)
   if ax.get_legend_handles_labels()[0]:
     ax.legend(fontsize=8)
-  if title:
-    fig.suptitle(title) if len(fig.axes) > 1 else ax.set_title(title)
-  if path is None:  # one panel of several: the last call saves the figure
-    return None
+  if title and len(fig.axes) > 1:
+    fig.suptitle(title)
+  elif title:
+    ax.set_title(title)
   fig.tight_layout()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fig.savefig(path)
@@ -332,9 +332,7 @@ def plot_accuracy_vs_batch(summary: Sequence[Mapping], path: str, *,
     axes[1].set_ylim(baseline["accuracy"] - 3.0, baseline["accuracy"] + 1.5)
     axes[1].set_title("near the baseline (runs below 3 points under it leave the axis)",
                       fontsize=9)
-  _save(fig, axes[1], None, None)  # the zoomed panel: its grid; the legend is the left one's
-  if axes[1].get_legend() is not None:
-    axes[1].get_legend().remove()
+  axes[1].grid(True, which="both", alpha=0.3)  # the legend is the left panel's
   return _save(fig, axes[0], path, title)
 
 

@@ -26,6 +26,16 @@ EXTRA_MODULES = ("flax", "orbax", "tensorboardX", "ml_collections", "tqdm", "ten
                  "grain", "mnist1d", "sklearn", "matplotlib")
 
 
+def _blocking(modules) -> str:
+  """Python source that makes every import of `modules` fail, as without their extra."""
+  return ("import sys\n"
+          "class Blocker:\n"
+          "  def find_spec(self, name, path=None, target=None):\n"
+          f"    if name.split('.')[0] in {tuple(modules)!r}:\n"
+          "      raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+          "sys.meta_path.insert(0, Blocker())\n")
+
+
 def python_blocks(page: pathlib.Path) -> list[str]:
   return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
 
@@ -57,13 +67,7 @@ def test_the_readme_is_a_front_page():
 def test_the_core_install_imports_dateopt_and_runs_the_optax_snippet():
   """`pip install dateopt` without extras: their modules cannot be imported here."""
   snippet = python_blocks(REPO / "README.md")[0]
-  blocker = (
-      "import sys\n"
-      "class Blocker:\n"
-      "  def find_spec(self, name, path=None, target=None):\n"
-      f"    if name.split('.')[0] in {EXTRA_MODULES!r}:\n"
-      "      raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-      "sys.meta_path.insert(0, Blocker())\n")
+  blocker = _blocking(EXTRA_MODULES)
   check = ("import dateopt\n"
            "plan = dateopt.date.plan(dateopt.date.Recipe(batch_size=32, num_examples=6400,\n"
            "    num_epochs=2, learning_rate=0.1), 512)\n"
@@ -82,14 +86,7 @@ def test_a_missing_extra_is_one_line_naming_it():
                      match=r"no_such_module is not installed: it comes with the 'data' extra, "
                            r"pip install 'dateopt\[data\]'"):
     extras.require("no_such_module", extra="data")
-  blocker = ("import sys\n"
-             "class Blocker:\n"
-             "  def find_spec(self, name, path=None, target=None):\n"
-             "    if name.split('.')[0] == 'flax':\n"
-             "      raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-             "sys.meta_path.insert(0, Blocker())\n"
-             "from dateopt import console\n"
-             "sys.exit(console.train())\n")
+  blocker = _blocking(["flax"]) + "from dateopt import console\nsys.exit(console.train())\n"
   done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
                         timeout=120)
   assert done.returncode == 2

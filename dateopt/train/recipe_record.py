@@ -39,7 +39,7 @@ class WorkdirHoldsRunError(ValueError):
 
 def as_stored(recipe: date.Recipe) -> dict[str, Any]:
   """`recipe` as `recipe.json` holds it (the trainer writes it with `default=str`)."""
-  return json.loads(json.dumps(recipe.to_dict(), default=str))
+  return _as_json(recipe.to_dict())
 
 
 def recipe_changes(stored: Mapping[str, Any], planned: Mapping[str, Any]) -> list[str]:
