@@ -159,7 +159,7 @@ def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
   adaptive, against the same steps with their branch traced into a `lax.cond` (what the
   trainer did before: XLA:CPU runs computations nested in control flow on one thread)."""
   from dateopt import study
-  from dateopt.train import trainer
+  from dateopt.train import experiment
   config = study.load_config("configs/study_mnist1d_resnet.py")
   config.batch_size = batch_size
   dataset = data.get_dataset(config.dataset, **config.dataset_kwargs.to_dict())
@@ -167,8 +167,8 @@ def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
 
   def runner(strategy: str, measure, wrap_in_cond: bool = False):
     config.strategy = strategy
-    exp = trainer.build_experiment(config)
-    tx, _ = trainer.build_optimizer(config, exp.recipe)
+    exp = experiment.build_experiment(config)
+    tx, _ = experiment.build_optimizer(config, exp.recipe)
     step = functools.partial(train_step, model=exp.model, tx=tx, num_classes=10, seed=0,
                              grad_groups=config.grad_groups, recipe=exp.recipe)
     if wrap_in_cond:  # the old idle branch: the whole step under a traced predicate

@@ -19,7 +19,7 @@ import pytest
 from dateopt import date, models, train
 from dateopt.train import accumulation, parallel
 from dateopt.train.steps import apply_model
-from dateopt.train.trainer import gradient_groups
+from dateopt.train.experiment import gradient_groups
 
 import tiny_config  # tests/tiny_config.py: MNIST-1D LSTM, batch 64, grad_groups 8
 

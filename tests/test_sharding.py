@@ -1,5 +1,9 @@
 """The same LARS/LAMB updates on 1 device, jit over a Mesh, shard_map and pmap."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -7,6 +11,7 @@ import optax
 import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+import conftest
 import dateopt
 
 N_DEVICES = 8
@@ -113,3 +118,29 @@ def test_pmap_with_pmean_gradients_matches_single_device(name):
   for grads in per_device:
     params_r, state = step(stack(grads), state, params_r)
   _close(jax.tree.map(lambda x: x[0], params_r), expected)
+
+
+_THREADS_AFTER_AN_ALL_REDUCE = """
+import os, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+mesh = Mesh(np.array(jax.devices()), ("d",))
+total = jax.jit(jnp.sum, out_shardings=NamedSharding(mesh, P()))
+float(total(jax.device_put(jnp.ones(64), NamedSharding(mesh, P("d")))))
+print(len(os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+def test_pjrt_nproc_sizes_the_cpu_thread_pools_the_suite_relies_on():
+  """conftest.py sets PJRT_NPROC so that 8 simulated devices cannot fill XLA:CPU's pool
+  (notes/reliability.md); this checks that XLA still reads it."""
+  def threads(nproc: str) -> int:
+    env = dict(os.environ, PJRT_NPROC=nproc, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={N_DEVICES}")
+    out = subprocess.run([sys.executable, "-c", _THREADS_AFTER_AN_ALL_REDUCE], env=env,
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    return int(out.split()[-1])
+
+  assert os.environ["PJRT_NPROC"] == str(conftest.MIN_CPU_THREADS)
+  small, large = threads("1"), threads(str(conftest.MIN_CPU_THREADS))
+  assert large - small >= 2 * (conftest.MIN_CPU_THREADS - N_DEVICES)  # client and intra-op pools

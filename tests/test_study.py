@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dateopt import date, study
-from dateopt.train import trainer
+from dateopt.train import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "study_tiny_config.py")
@@ -33,7 +33,7 @@ def test_grid_has_the_issues_cells_in_dependency_order():
 
 
 def _planned(config, n=1600):
-  return trainer.plan_recipe(config, n)
+  return experiment.plan_recipe(config, n)
 
 
 def test_cell_configs_change_only_what_the_strategy_changes():

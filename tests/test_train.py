@@ -318,11 +318,11 @@ def test_train_step_static_measure_flag_and_covered_progress():
   import functools
   import jax.numpy as jnp
   import optax
-  from dateopt.train import steps, trainer
+  from dateopt.train import experiment, steps
   config = tiny_config.get_config()
   config.strategy, config.grad_groups = "adaptive", 4
-  exp = trainer.build_experiment(config)
-  tx, _ = trainer.build_optimizer(config, exp.recipe)
+  exp = experiment.build_experiment(config)
+  tx, _ = experiment.build_optimizer(config, exp.recipe)
   state = steps.create_train_state(exp.model, tx, jnp.zeros((1,) + tuple(exp.dataset.input_shape),
                                                             exp.dataset.input_dtype), seed=0)
   batch = {k: jnp.asarray(v) for k, v in exp.dataset.train_batch(0, 64, seed=0).items()}

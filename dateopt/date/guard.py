@@ -101,6 +101,32 @@ def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
     raise TypeError(f"{name} must be {what}; got {value!r} of type {type(value).__name__}.")
 
 
+def _check_guard_arguments(inner: Any, *, spike_threshold: float, spike_min_excess: float,
+                           patience: int, loss_decay: float, min_steps: int, backoff: float,
+                           recovery_steps: int, min_multiplier: float) -> None:
+  """`divergence_guard`'s arguments, each error naming its argument (see there)."""
+  if not isinstance(inner, optax.GradientTransformation):
+    raise TypeError(f"inner must be an optax.GradientTransformation; got {inner!r} "
+                    f"of type {type(inner).__name__}.")
+  for name, value in (("spike_threshold", spike_threshold),
+                      ("spike_min_excess", spike_min_excess), ("loss_decay", loss_decay),
+                      ("backoff", backoff), ("min_multiplier", min_multiplier)):
+    _check_number(name, value)
+  for name, value in (("patience", patience), ("min_steps", min_steps),
+                      ("recovery_steps", recovery_steps)):
+    _check_number(name, value, integer=True)
+  check_range("spike_threshold", spike_threshold, low=0.0, low_inclusive=False)
+  check_range("spike_min_excess", spike_min_excess, low=0.0)
+  check_range("patience", patience, low=1)
+  check_range("loss_decay", loss_decay, low=0.0, high=1.0, low_inclusive=False,
+              high_inclusive=False)
+  check_range("min_steps", min_steps, low=2)
+  check_range("backoff", backoff, low=0.0, high=1.0, low_inclusive=False,
+              high_inclusive=False)
+  check_range("recovery_steps", recovery_steps, low=1)
+  check_range("min_multiplier", min_multiplier, low=0.0, high=1.0, low_inclusive=False)
+
+
 def divergence_guard(
     inner: optax.GradientTransformation,
     *,
@@ -191,26 +217,10 @@ def divergence_guard(
     >>> updates["w"].tolist(), int(state.num_nonfinite), float(state.lr_multiplier)
     ([0.0, 0.0], 1, 0.25)
   """
-  if not isinstance(inner, optax.GradientTransformation):
-    raise TypeError(f"inner must be an optax.GradientTransformation; got {inner!r} "
-                    f"of type {type(inner).__name__}.")
-  for name, value in (("spike_threshold", spike_threshold),
-                      ("spike_min_excess", spike_min_excess), ("loss_decay", loss_decay),
-                      ("backoff", backoff), ("min_multiplier", min_multiplier)):
-    _check_number(name, value)
-  for name, value in (("patience", patience), ("min_steps", min_steps),
-                      ("recovery_steps", recovery_steps)):
-    _check_number(name, value, integer=True)
-  check_range("spike_threshold", spike_threshold, low=0.0, low_inclusive=False)
-  check_range("spike_min_excess", spike_min_excess, low=0.0)
-  check_range("patience", patience, low=1)
-  check_range("loss_decay", loss_decay, low=0.0, high=1.0, low_inclusive=False,
-              high_inclusive=False)
-  check_range("min_steps", min_steps, low=2)
-  check_range("backoff", backoff, low=0.0, high=1.0, low_inclusive=False,
-              high_inclusive=False)
-  check_range("recovery_steps", recovery_steps, low=1)
-  check_range("min_multiplier", min_multiplier, low=0.0, high=1.0, low_inclusive=False)
+  _check_guard_arguments(inner, spike_threshold=spike_threshold,
+                         spike_min_excess=spike_min_excess, patience=patience,
+                         loss_decay=loss_decay, min_steps=min_steps, backoff=backoff,
+                         recovery_steps=recovery_steps, min_multiplier=min_multiplier)
   inner = optax.with_extra_args_support(inner)
   growth = backoff ** (-1.0 / recovery_steps)
 

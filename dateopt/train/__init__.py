@@ -18,17 +18,10 @@ from dateopt.train.steps import (
     eval_step,
     train_step,
 )
-from dateopt.train.trainer import (
-    Experiment,
-    StartupError,
-    TrainResult,
-    build_experiment,
-    build_optimizer,
-    evaluate,
-    make_eval_fn,
-    plan_recipe,
-    train_and_evaluate,
-)
+from dateopt.train.evaluation import evaluate, make_eval_fn
+from dateopt.train.experiment import Experiment, build_experiment, build_optimizer, plan_recipe
+from dateopt.train.startup import StartupError
+from dateopt.train.trainer import TrainResult, train_and_evaluate
 
 __all__ = [
     "Experiment",

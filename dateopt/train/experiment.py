@@ -1,0 +1,266 @@
+"""The experiment a config describes: data, model, recipes, mesh and batch layout, checked.
+
+`build_experiment` turns a `default_config()`-shaped ConfigDict into an
+`Experiment` before anything compiles: it names the config field at fault for
+every bad value, plans the large-batch recipe with DATE (`plan_recipe`), and
+resolves the batches the run trains at (one, or a growing batch's ladder).
+`build_optimizer` wraps DATE's optimizer with the noise scale, statistics and
+divergence guard the config asks for.
+
+Example:
+  >>> from dateopt import train
+  >>> exp = train.build_experiment(train.default_config())
+  >>> exp.recipe.batch_size, exp.num_train_steps
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import ml_collections
+
+from dateopt import data as data_lib
+from dateopt import date
+from dateopt import masks
+from dateopt import models
+from dateopt.train import accumulation, parallel, polish
+from dateopt.train import config as config_lib
+from dateopt.train.cadence import Cadence
+from dateopt.validation import check_range
+
+
+@dataclasses.dataclass
+class Experiment:
+  """Everything built from a config before anything compiles."""
+
+  config: ml_collections.ConfigDict
+  dataset: data_lib.Dataset
+  model: Any
+  baseline: date.Recipe
+  recipe: date.Recipe
+  mesh: jax.sharding.Mesh
+  num_train_steps: int
+  eval_batch_size: int
+  # Final Polishing: `config.polish` with its defaults filled in, and the window of
+  # the last steps on evaluation-style data (in baseline steps of progress for the
+  # adaptive strategy; 0 without final epochs).
+  polish: dict[str, Any] = dataclasses.field(default_factory=dict)
+  final_epochs_steps: int = 0
+  # The batches a run trains at: (recipe.batch_size,), or a growing recipe's ladder.
+  batch_sizes: tuple[int, ...] = ()
+
+  @property
+  def grows(self) -> bool:
+    """Whether the batch grows (DATE adaptive with `grow_batch`)."""
+    return self.recipe.grow_batch
+
+  @property
+  def cadence(self) -> Cadence:
+    """When the loop logs, evaluates and saves (the `config.*_every_steps`, resolved)."""
+    config = self.config
+    eval_every = (self.dataset.steps_per_epoch(self.recipe.batch_size)
+                  if config.eval_every_steps < 0 else config.eval_every_steps)
+    return Cadence(last=self.num_train_steps, log_every=config.log_every_steps,
+                   eval_every=eval_every, save_every=config.checkpoint_every_steps)
+
+  @property
+  def microbatch_size(self) -> int:
+    """The examples one forward pass sees (the batch over `config.grad_accum_steps`)."""
+    return self.recipe.batch_size // self.config.grad_accum_steps
+
+
+def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> None:
+  if batch_size % divisor:
+    raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
+
+
+def gradient_groups(config: ml_collections.ConfigDict) -> int:
+  """Groups the gradient is taken over for the noise scale (0: a plain gradient).
+
+  The adaptive strategy needs the noise scale; otherwise it is measured only
+  with the statistics on.
+  """
+  wanted = config.statistics or config.strategy == "adaptive"
+  return config.grad_groups if wanted and config.grad_groups > 1 else 0
+
+
+def _check_groups_keep_batch_norm(config: ml_collections.ConfigDict, group_size: int) -> None:
+  """Grouped gradients normalise each group alone: only ghost BN keeps its meaning."""
+  if not config.model.startswith("resnet"):
+    return
+  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
+  if bn_group is None or group_size % bn_group:
+    raise ValueError(
+        f"config.grad_groups={config.grad_groups} would compute batch norm over groups of "
+        f"{group_size} examples instead of the batch: set config.grad_groups=0 (no noise "
+        f"scale), or config.model_kwargs.bn_group_size to a divisor of {group_size}.")
+
+
+def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
+                ) -> tuple[date.Recipe, date.Recipe]:
+  """The baseline recipe from the config and DATE's plan for `config.batch_size`."""
+  baseline_fields = {"num_examples": num_examples, **config_lib.to_dict(config.baseline)}
+  try:
+    baseline = date.Recipe.from_dict(baseline_fields)
+  except ValueError as error:
+    raise ValueError(f"config.baseline: {error}") from error
+  if config.batch_size is None:
+    return baseline, baseline
+  try:
+    planned = date.plan(baseline, int(config.batch_size), config.strategy,
+                        **config_lib.to_dict(config.plan))
+  except TypeError as error:  # an unknown keyword in config.plan
+    raise ValueError(f"config.plan: {error}") from error
+  return baseline, planned
+
+
+@contextlib.contextmanager
+def _config_field(field: str):
+  """A registry's TypeError for an unknown keyword, re-raised naming the config field."""
+  try:
+    yield
+  except TypeError as error:
+    raise ValueError(f"{field}: {error}") from error
+
+
+def build_experiment(config: ml_collections.ConfigDict,
+                     devices: Sequence[jax.Device] | None = None) -> Experiment:
+  """Validates the config and builds data, model, recipes and mesh (no compilation).
+
+  Raises:
+    ValueError: naming the config field at fault (unknown key, model or
+      dataset; a batch not divisible by the device count or gradient groups).
+    FileNotFoundError: the dataset's files are missing.
+  """
+  config_lib.check_is_config_dict(config)
+  config_lib.check_known_keys(config)
+  config_lib.check_optional_ints(config)
+  config_lib.check_loop_fields(config)
+  with _config_field("config.dataset_kwargs"):
+    dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
+                                   **config_lib.to_dict(config.dataset_kwargs))
+  with _config_field("config.model_kwargs"):
+    model = models.create_model(config.model, num_classes=dataset.num_classes,
+                                dtype=config.compute_dtype,
+                                **config_lib.to_dict(config.model_kwargs))
+  baseline, recipe = plan_recipe(config, dataset.num_train_examples)
+  mesh = parallel.make_mesh(devices)
+  batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
+  batch_sizes = _batch_sizes(config, recipe, mesh, batch_field)
+  for batch_size in batch_sizes:
+    _check_batch_layout(config, batch_field, batch_size, mesh.size)
+  if not recipe.drop_remainder:
+    raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
+                     "its data pipeline drops the last partial batch of each epoch.")
+  if recipe.adaptive and gradient_groups(config) < 2:
+    raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
+                     f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
+  microbatch_size = recipe.batch_size // config.grad_accum_steps
+  # What fits in memory for training fits for eval (a forward pass only).
+  eval_batch_size = int(config.eval_batch_size or microbatch_size)
+  eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
+  _check_divisible(eval_field, eval_batch_size, mesh.size, "the device count")
+  num_steps = recipe.max_steps if config.num_train_steps < 0 else int(config.num_train_steps)
+  if num_steps > recipe.max_steps:  # its LR is 0 past the end: steps that change nothing
+    raise ValueError(f"config.num_train_steps={num_steps} is past the end of the recipe "
+                     f"({recipe.max_steps} steps, where its LR reaches its end): use -1 for the "
+                     f"recipe's length, at most {recipe.max_steps}, or more "
+                     f"config.baseline.num_epochs.")
+  settings = config_lib.sub_config_with_defaults(config, "polish")
+  polish.check_polish_config(settings)
+  return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
+                    polish=settings,
+                    final_epochs_steps=_final_epochs_steps(settings, baseline, recipe, num_steps),
+                    batch_sizes=batch_sizes)
+
+
+def _check_batch_layout(config: ml_collections.ConfigDict, batch_field: str, batch_size: int,
+                        num_devices: int) -> None:
+  """Raises ValueError naming `batch_field` when the step cannot run at `batch_size`."""
+  _check_divisible(batch_field, batch_size, num_devices, "the device count")
+  _check_divisible(batch_field, batch_size, jax.process_count(), "the process count")
+  accumulation.check_grad_accum_steps(
+      config.grad_accum_steps, batch_field=batch_field, batch_size=batch_size,
+      num_devices=num_devices, grad_groups=gradient_groups(config),
+      bn_group_size=config_lib.to_dict(config.model_kwargs).get("bn_group_size"))
+  if gradient_groups(config) > 1:
+    _check_divisible(batch_field, batch_size, config.grad_groups, "config.grad_groups")
+    # Batch norm sees one micro-batch's part of a group at a time.
+    _check_groups_keep_batch_norm(
+        config, batch_size // config.grad_accum_steps // config.grad_groups)
+
+
+def batch_quantum(config: ml_collections.ConfigDict, num_devices: int) -> int:
+  """The smallest batch step every batch must be a multiple of, on this layout.
+
+  Devices and processes split the batch, each of the `grad_accum_steps`
+  micro-batches is split over the devices and holds an equal part of every
+  gradient group, and a ghost batch-norm group must fit whole in each.
+  """
+  accum, groups = config.grad_accum_steps, max(gradient_groups(config), 1)
+  quantum = math.lcm(num_devices, jax.process_count(), accum * num_devices, accum * groups)
+  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
+  if bn_group and config.model.startswith("resnet"):
+    quantum = math.lcm(quantum, accum * groups * int(bn_group))
+  return quantum
+
+
+def _batch_sizes(config: ml_collections.ConfigDict, recipe: date.Recipe, mesh,
+                 batch_field: str) -> tuple[int, ...]:
+  """The batches the run trains at: the recipe's, or the ladder of a growing batch.
+
+  The ladder starts at the baseline's batch rounded up to `batch_quantum`
+  and doubles up to `recipe.batch_size`, the largest.
+  """
+  if not recipe.grow_batch:
+    return (recipe.batch_size,)
+  if not isinstance(config.grad_accum_steps, int) or config.grad_accum_steps < 1:
+    return (recipe.batch_size,)  # the layout check names config.grad_accum_steps
+  quantum = batch_quantum(config, mesh.size)
+  if recipe.batch_size % quantum:
+    raise ValueError(f"{batch_field}={recipe.batch_size}, the growing batch's largest, must be "
+                     f"a multiple of {quantum} (devices x grad_accum_steps x grad_groups and "
+                     f"the batch-norm group, as each rung of the ladder is).")
+  ladder = date.batch_ladder(recipe.base_batch_size, recipe.batch_size, multiple_of=quantum)
+  if recipe.max_steps * ladder[-1] >= 2 ** 31:  # TrainState.examples_seen is an int32
+    raise ValueError(f"{batch_field}={recipe.batch_size}: a growing run of up to "
+                     f"{recipe.max_steps} steps could serve 2^31 examples or more, past the "
+                     f"data position's int32; use a shorter run or a fixed batch.")
+  return ladder
+
+
+def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe: date.Recipe,
+                        num_steps: int) -> int:
+  """`polish.polish_window` for this run: adaptive runs count it in baseline steps."""
+  if recipe.adaptive:
+    return polish.polish_window(settings, baseline.steps_per_epoch, recipe.total_steps)
+  return polish.polish_window(settings, recipe.steps_per_epoch, num_steps)
+
+
+def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
+                    batch_sizes: Sequence[int] | None = None):
+  """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured.
+
+  `batch_sizes`: a growing recipe's ladder (`Experiment.batch_sizes`).
+  """
+  # The noise EMAs keep a ~100-step horizon however often the noise is measured.
+  noise_decay = 0.99 ** config.measure_every_steps
+  check_range("config.divergence_patience", config.divergence_patience, low=0)
+  tx, schedule = date.build(recipe, noise_decay=noise_decay, batch_sizes=batch_sizes,
+                            divergence_patience=config.divergence_patience or None)
+  if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
+    tx = date.measure_noise_scale(tx, noise_decay=noise_decay)
+  if config.guard:
+    try:
+      tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
+    except TypeError as error:  # an unknown keyword in config.guard_kwargs
+      raise ValueError(f"config.guard_kwargs: {error}") from error
+  if config.statistics:  # outside the guard, so skipped steps are recorded too
+    tx = date.track_statistics(tx, trust_coefficient=recipe.trust_coefficient,
+                               weight_decay=recipe.weight_decay,
+                               mask=masks.from_name(recipe.mask))
+  return tx, schedule

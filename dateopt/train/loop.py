@@ -1,0 +1,347 @@
+"""The train loop: what a run carries from step to step, and one step at a time.
+
+`TrainLoop` starts from a fresh or restored state and takes one step per
+`run_step` call, each concern one call: train; read the adaptive engine's
+progress where the loop needs it; log; check health, evaluate and checkpoint
+as the `Cadence` says; enter Final Polishing's window; follow a growing
+batch; stop on a signal. `finish` ends the run: the last evaluation, precise
+BN, and the numbers the summary reports.
+
+Example (what `train_and_evaluate` does once the workdir is claimed):
+  >>> with contextlib.ExitStack() as cleanup:
+  ...   loop = TrainLoop(exp, tx, workdir, report, cleanup)
+  ...   for step in range(loop.start_step + 1, exp.num_train_steps + 1):
+  ...     if loop.run_step(step, stops):
+  ...       break
+  ...   loop.finish()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dateopt import date
+from dateopt.train import config as config_lib
+from dateopt.train import nonfinite, parallel, polish, preemption, workdirs
+from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
+from dateopt.train.diverged import EngineHealth, learning_rate_of
+from dateopt.train.evaluation import evaluate, make_eval_fn
+from dateopt.train.experiment import Experiment, gradient_groups
+from dateopt.train.feed import TrainFeed
+from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
+from dateopt.train.startup import StartupError, startup
+from dateopt.train.steps import TrainState, create_train_state, train_step
+
+
+@dataclasses.dataclass
+class _Tick:
+  """What falls on one step: its number and batch, and what the loop does after it."""
+
+  step: int
+  batch_size: int
+  logs: bool
+  evaluates: bool
+  saves: bool
+  wanted_batch: int  # the batch of the next step (a growing engine's choice)
+  progress: float | None = None  # the adaptive engine's, in baseline steps, where read
+  done: bool = False  # the adaptive run has covered the baseline's steps
+  idle: bool = False  # it had at an earlier step: this one changed nothing
+
+
+class TrainLoop:
+  """One run's state, feed, writer, clocks and watches, advanced by `run_step`."""
+
+  def __init__(self, exp: Experiment, tx, workdir: str, report: str,
+               cleanup: contextlib.ExitStack):
+    self.exp, self.cadence = exp, exp.cadence
+    lead = jax.process_index() == 0
+    self.state, self.checkpointer = self._initial_state(tx, workdir, cleanup)
+    self.start_step = int(parallel.to_host(self.state.step))
+    if lead and self.start_step:
+      print(f"Resuming from step {self.start_step} (checkpoints in "
+            f"{self.checkpointer.directory}).", flush=True)
+    self.step_fn, self.eval_fn = _compile_train_step(exp, tx), make_eval_fn(exp)
+    self.writer = MetricWriter(workdir, enabled=lead, start_step=self.start_step)
+    cleanup.callback(self.writer.close)
+    if self.start_step == 0:
+      self.writer.write_text("recipe", report)
+    start_progress = _progress(exp, self.state)
+    self.progress = (ProgressBar(exp.recipe.total_steps, start_progress or 0.0,
+                                 unit="baseline step", enabled=lead and exp.config.progress_bar)
+                     if exp.recipe.adaptive else
+                     ProgressBar(exp.num_train_steps, self.start_step,
+                                 enabled=lead and exp.config.progress_bar))
+    cleanup.callback(self.progress.close)
+    self.clean_data = _final_epochs_due(exp, self.start_step, start_progress)
+    self.feed, last_batch = self._open_feed()
+    cleanup.callback(self.feed.close)  # the pipeline in use when the run ends
+    # The metrics say the batch of every step: a row where it changes (a resume knows the last).
+    self.largest_batch, self.logged_batch = self.feed.batch_size, last_batch
+    self.clock = StepClock(exp.recipe.batch_size)
+    self.watch = nonfinite.NonFiniteWatch(
+        nonfinite.guard_nonfinite_count(self.state.opt_state), warn=lead,
+        lr_floor=config_lib.to_dict(exp.config.guard_kwargs).get(
+            "min_multiplier", date.DEFAULT_MIN_MULTIPLIER))
+    self.metrics, self.train_metrics, self.eval_metrics = {}, {}, {}
+    self.evaluated_at: int | None = None
+    self.before_polish: dict[str, float] | None = None
+
+  def _initial_state(self, tx, workdir: str, cleanup: contextlib.ExitStack
+                     ) -> tuple[TrainState, Checkpointer | None]:
+    """A fresh state, or the newest checkpoint that loads; the checkpointer (if any)."""
+    exp = self.exp
+    init = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=exp.config.seed),
+                   out_shardings=parallel.replicated(exp.mesh))
+    state = init(jnp.zeros((1,) + tuple(exp.dataset.input_shape), exp.dataset.input_dtype))
+    if polish.uses_precise_bn(exp.polish["mode"]) and not state.batch_stats:
+      raise StartupError(f"config.polish.mode={exp.polish['mode']!r} re-estimates batch-norm "
+                         f"statistics, but config.model={exp.config.model!r} has no batch "
+                         "norm: use 'none' or 'final_epochs'.")
+    if not self.cadence.checkpoints:
+      return state, None
+    checkpointer = Checkpointer(workdirs.as_path(workdir) / "checkpoints",
+                                keep=exp.config.keep_checkpoints)
+    cleanup.callback(checkpointer.close)
+    with startup(NoUsableCheckpointError):
+      return checkpointer.restore_or(state), checkpointer
+
+  def _open_feed(self) -> tuple[TrainFeed, int]:
+    """The input feed where the state stands, and the batch of the state's last step."""
+    exp, state = self.exp, self.state
+    host = parallel.to_host({"examples": state.examples_seen, "last": state.last_batch_size,
+                             "batch": _engine_batch(exp, state.opt_state)})
+    feed = TrainFeed(exp.dataset, seed=exp.config.seed, batch_size=int(host["batch"]),
+                     grows=exp.grows, start_step=self.start_step,
+                     position=int(host["examples"]), clean=self.clean_data)
+    return feed, int(host["last"])
+
+  def run_step(self, step: int, stops: preemption.StopRequests) -> bool:
+    """Takes step `step` and all that falls on it; True once the run is done.
+
+    Raises:
+      Preempted: a signal asked the run to stop (the step is saved first).
+    """
+    tick = self._train(step, stops)
+    self._read_engine(tick)
+    self._log(tick)
+    self._advance_progress_bar(tick)
+    tick.evaluates = tick.evaluates or tick.done
+    tick.saves = tick.saves or (tick.done and self.checkpointer is not None)
+    self._check_evaluate_save(tick)
+    if tick.done:
+      return True
+    self._enter_final_epochs(tick)
+    if tick.wanted_batch != self.feed.batch_size:  # DATE's next rung
+      self.feed.resize(tick.wanted_batch)
+      self.largest_batch = max(self.largest_batch, tick.wanted_batch)
+    if step < self.exp.num_train_steps and stops.should_stop(step, shares=tick.logs):
+      self.watch.check(int(parallel.to_host(self.state.step)))
+      raise _stop_and_save(stops, self.state, self.checkpointer)  # the cleanup waits for the save
+    return False
+
+  def _train(self, step: int, stops: preemption.StopRequests) -> _Tick:
+    config, batch = self.exp.config, self.feed.batch_size
+    logs = self.cadence.logs(step)
+    record = np.bool_(logs) if config.statistics else None  # stats only when logged
+    measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
+    measure = step % config.measure_every_steps == 0 if measures else None
+    self.state, self.metrics = self.step_fn(
+        self.state, parallel.global_batch(self.feed.next(), self.exp.mesh), record, measure)
+    stops.stepping()  # a signal now waits for this step and saves it
+    self.clock.count_step(batch)
+    self.watch.record(step, self.metrics)
+    if batch != self.logged_batch:  # the batch of every step: a row at each change
+      self.writer.write(step, {"train/batch_size": batch})
+      self.logged_batch = batch
+    return _Tick(step, batch, logs, self.cadence.evaluates(step), self.cadence.saves(step),
+                 wanted_batch=batch)
+
+  def _read_engine(self, tick: _Tick) -> None:
+    """The adaptive engine's progress (and next batch) where the loop needs them."""
+    exp, metrics = self.exp, self.metrics
+    if exp.grows:  # the engine says every step what the next one takes, and when it is done
+      reading = parallel.to_host({k: metrics[k] for k in ("date/progress", "date/batch_size")})
+      tick.progress, tick.wanted_batch = (float(reading["date/progress"]),
+                                          int(reading["date/batch_size"]))
+      tick.done = tick.progress >= exp.recipe.total_steps
+      tick.logs = tick.logs or tick.done
+    elif not self.clean_data and exp.final_epochs_steps and exp.recipe.adaptive and not tick.logs:
+      # The window is entered at the step its progress crosses: read it every step until then.
+      tick.progress = float(parallel.to_host(metrics["date/progress"]))
+    if exp.recipe.adaptive and not exp.grows and (tick.logs or tick.evaluates or tick.saves):
+      # Read the end where the loop waits for the step anyway: the steps after the one that
+      # covered the baseline's steps are idle, and nothing is logged, evaluated or saved
+      # past it.
+      tick.progress = float(parallel.to_host(metrics["date/progress"]))
+      if tick.progress >= exp.recipe.total_steps:
+        taken = int(parallel.to_host(self.state.step))
+        tick.done, tick.idle, tick.step = True, taken != tick.step, taken
+
+  def _log(self, tick: _Tick) -> None:
+    if not tick.logs or tick.idle:
+      return
+    logged = parallel.to_host(self.metrics)  # waits for the step: the clock reads true time
+    logged.update(self.clock.lap(), batch_size=tick.batch_size, examples_seen=self.feed.position)
+    tick.progress = logged.get("date/progress")
+    self.train_metrics = logged
+    with self.clock.paused():
+      self.writer.write(tick.step, {f"train/{k}": v for k, v in logged.items()})
+      self.progress.update(0, loss=logged["loss"], lr=logged.get("learning_rate", 0.0))
+
+  def _advance_progress_bar(self, tick: _Tick) -> None:
+    if not self.exp.recipe.adaptive:
+      self.progress.update(1)
+    elif tick.progress is not None:  # the bar counts the baseline steps covered
+      self.progress.advance_to(tick.progress)
+
+  def _check_evaluate_save(self, tick: _Tick) -> None:
+    """Never evaluates or saves a non-finite or diverged state."""
+    saves = tick.saves
+    if tick.logs or tick.evaluates or saves or self.watch.due:
+      with self.clock.paused(self.state):
+        self.watch.check(int(parallel.to_host(self.state.step)))
+        healthy = _engine_healthy(self.state, self.metrics, self.checkpointer)  # raises if it gave up
+        saves = saves and healthy
+    if not (tick.evaluates or saves):
+      return
+    with self.clock.paused(self.state):  # eval and checkpoints are not step time
+      if tick.evaluates:
+        self.eval_metrics, self.evaluated_at = self.evaluate(), tick.step
+        self.writer.write(tick.step, {f"eval/{k}": v for k, v in self.eval_metrics.items()})
+      if saves:
+        self.checkpointer.save(tick.step, self.state)
+        self.writer.flush()  # a bucket's metrics.jsonl then holds every row up to the save
+
+  def _enter_final_epochs(self, tick: _Tick) -> None:
+    """Final Polishing: the final epochs train on evaluation-style data."""
+    if self.clean_data or not _final_epochs_due(self.exp, tick.step, tick.progress):
+      return
+    self.clean_data = True
+    with self.clock.paused(self.state):
+      self.watch.check(int(parallel.to_host(self.state.step)))
+      self.before_polish = (self.eval_metrics if self.evaluated_at == tick.step
+                            else self.evaluate())
+      self.writer.write(tick.step, {f"eval/before_polish_{k}": v
+                                    for k, v in self.before_polish.items()})
+    self.feed.switch_to_clean()
+
+  def evaluate(self) -> dict[str, float]:
+    return evaluate(self.exp, self.state, self.eval_fn)
+
+  def finish(self) -> int:
+    """Ends the run: health at the end, the last evaluation, precise BN; the steps taken.
+
+    Raises:
+      NonFiniteError, DivergedError: the run never reports "finished" unhealthy.
+    """
+    jax.block_until_ready(self.state)
+    self.progress.close()
+    self.watch.finish()  # never "finished" at the guard's LR floor
+    _engine_healthy(self.state, self.metrics, self.checkpointer, at_end=True)  # nor diverged
+    steps_taken = int(parallel.to_host(self.state.step))
+    if self.evaluated_at is None or steps_taken > self.evaluated_at:
+      self.eval_metrics = self.evaluate()
+      self.writer.write(steps_taken, {f"eval/{k}": v for k, v in self.eval_metrics.items()})
+    self._polish_at_end(steps_taken)
+    return steps_taken
+
+  def _polish_at_end(self, step: int) -> None:
+    """Precise BN when asked for; the final metrics with those before polishing.
+
+    `before_polish` is the evaluation where the final epochs began (None
+    without them, or when this process resumed inside them: metrics.jsonl has it).
+    """
+    settings, before = self.exp.polish, self.before_polish
+    if settings["mode"] == "none":
+      return
+    after = self.eval_metrics
+    if polish.uses_precise_bn(settings["mode"]):
+      if before is None and not polish.uses_final_epochs(settings["mode"]):
+        before = after  # precise BN alone: "before" is the model as trained
+        self.writer.write(step, {f"eval/before_polish_{k}": v for k, v in before.items()})
+      batches = polish.statistics_batches(
+          self.exp.dataset, self.exp.microbatch_size, settings["batches"],
+          seed=self.exp.config.seed, bn_data=settings["bn_data"])
+      self.state = polish.polish_batch_stats(self.exp.model, self.state, batches, self.exp.mesh)
+      after = self.evaluate()
+    self.writer.write(step, {f"eval/polished_{k}": v for k, v in after.items()})
+    self.eval_metrics = after | {f"before_polish_{k}": v for k, v in (before or {}).items()}
+
+  def compilations(self) -> int:
+    """Programs `jax.jit` compiled for the train step: one per batch (and measure flag)."""
+    cache_size = getattr(self.step_fn, "_cache_size", None)  # jax's jit wrapper; -1 if it goes
+    return int(cache_size()) if cache_size is not None else -1
+
+
+def _compile_train_step(exp: Experiment, tx):
+  config, replicated = exp.config, parallel.replicated(exp.mesh)
+  return jax.jit(
+      functools.partial(train_step, model=exp.model, tx=tx,
+                        num_classes=exp.dataset.num_classes, seed=config.seed,
+                        label_smoothing=exp.recipe.label_smoothing,
+                        grad_groups=gradient_groups(config), recipe=exp.recipe,
+                        grad_accum_steps=config.grad_accum_steps),
+      # Whether a step measures the noise is a Python bool: two programs, no traced
+      # branch around the forward and backward passes (see `steps._gradients`).
+      static_argnums=3, out_shardings=(replicated, replicated), donate_argnums=0)
+
+
+def _progress(exp: Experiment, state: TrainState) -> float | None:
+  """The adaptive strategy's progress in baseline steps (None for a static recipe)."""
+  if not exp.recipe.adaptive:
+    return None
+  return float(parallel.to_host(optax.tree.get(state.opt_state, "progress")))
+
+
+def _final_epochs_due(exp: Experiment, steps_taken: int, progress: float | None) -> bool:
+  """Whether the next step is inside Final Polishing's final epochs.
+
+  A static recipe knows its last step; an adaptive one ends when its progress
+  covers the baseline's steps, so it enters the window when its progress
+  (read at logged steps) does.
+  """
+  if not exp.final_epochs_steps:
+    return False
+  if exp.recipe.adaptive:
+    return progress is not None and progress >= exp.recipe.total_steps - exp.final_epochs_steps
+  return steps_taken >= exp.num_train_steps - exp.final_epochs_steps
+
+
+def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | None,
+                    at_end: bool = False) -> bool:
+  """False while an adaptive engine calls the run diverged (no checkpoint then).
+
+  Raises:
+    DivergedError: the engine gave up, or the run ended diverged (`at_end`);
+      the newest checkpoint is the last healthy one.
+  """
+  health = EngineHealth.read(state.opt_state)
+  if health is None:
+    return True
+  health.raise_if_gave_up(learning_rate_of(metrics),
+                          checkpointer and str(checkpointer.directory),
+                          checkpointer and checkpointer.latest_step(), at_end=at_end)
+  return not health.diverged
+
+
+def _engine_batch(exp: Experiment, opt_state: Any) -> Any:
+  """The batch the next step takes: a growing engine's choice, else the recipe's."""
+  return date.next_batch_size(opt_state) if exp.grows else exp.recipe.batch_size
+
+
+def _stop_and_save(stops: preemption.StopRequests, state: TrainState,
+                   checkpointer: Checkpointer | None) -> preemption.Preempted:
+  """Saves the step just taken (unless saved already); the exception that ends the run."""
+  taken = int(parallel.to_host(state.step))
+  if checkpointer is not None and checkpointer.latest_step() != taken:
+    checkpointer.save(taken, state)
+  return preemption.Preempted(stops.received, taken,
+                              str(checkpointer.directory) if checkpointer is not None else None)
