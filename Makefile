@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/mnist1d_lstm.py
 WORKDIR ?= runs/mnist1d_lstm
 
-.PHONY: run test docs bench install clean
+.PHONY: run test test-fast docs bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ run: install
 ## The test suite (8 simulated CPU devices are set in tests/conftest.py).
 test: install
 	$(BIN)/python -m pytest -q
+
+## The edit-loop subset: every test not marked slow (training runs, subprocesses, notebooks).
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
 
 ## The documentation site (Sphinx + MyST) into docs/_build/html; a warning is an error.
 $(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed

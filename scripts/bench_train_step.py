@@ -158,9 +158,9 @@ def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
   """The study's ResNet (workload (b)) with LARS: the trainer's step, static LEGW vs DATE
   adaptive, against the same steps with their branch traced into a `lax.cond` (what the
   trainer did before: XLA:CPU runs computations nested in control flow on one thread)."""
-  from dateopt import study
+  from dateopt import configs
   from dateopt.train import experiment
-  config = study.load_config("configs/study_mnist1d_resnet.py")
+  config = configs.load("study_mnist1d_resnet")
   config.batch_size = batch_size
   dataset = data.get_dataset(config.dataset, **config.dataset_kwargs.to_dict())
   batch = {k: jnp.asarray(v) for k, v in dataset.train_batch(0, batch_size, seed=0).items()}

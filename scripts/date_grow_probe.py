@@ -15,7 +15,7 @@ import time
 from absl import logging
 
 from dateopt import train
-from dateopt.study import load_config
+from dateopt.configs import load as load_config
 
 
 def main():

@@ -30,7 +30,7 @@ import optax
 from absl import logging
 
 from dateopt import train
-from dateopt.study import load_config
+from dateopt.configs import load as load_config
 from dateopt.train import trainer
 
 MAIN_JOB = "configs/mnist1d_lstm.py"

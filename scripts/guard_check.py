@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import os
 import shutil
@@ -25,12 +24,7 @@ import jax
 import numpy as np
 from absl import logging
 
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("job_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from dateopt import configs
 
 
 def guard_state(opt_state):
@@ -44,7 +38,7 @@ def guard_state(opt_state):
 def train(args, workdir: str, *, guard: bool, lr_factor: float = 1.0):
   """One run of the baseline from scratch; returns (TrainResult, seconds)."""
   from dateopt import train as train_lib
-  config = load_config(args.config)
+  config = configs.load(args.config)
   config.batch_size = None  # the tuned baseline as it is
   config.progress_bar = False
   config.guard = guard

@@ -34,7 +34,8 @@ import time
 
 from absl import logging
 
-from dateopt.study import effective_noise_scale, finite_median, load_config, measured_noise_scales
+from dateopt.configs import load as load_config
+from dateopt.study import effective_noise_scale, finite_median, measured_noise_scales
 
 
 def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,

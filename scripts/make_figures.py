@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from dateopt import plots, train
-from dateopt.study import load_config
+from dateopt.configs import load as load_config
 
 
 def baseline_recipe(config_path: str):

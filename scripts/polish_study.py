@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
 
-from dateopt import strict_json
+from dateopt import configs, strict_json
 
 ARMS = ("none", "precise_bn_clean", "precise_bn_weak", "final_epochs", "both_clean",
         "both_weak")
@@ -38,13 +37,6 @@ ARMS = ("none", "precise_bn_clean", "precise_bn_weak", "final_epochs", "both_cle
 TRAININGS = {"none": ("none", "precise_bn"), "final_epochs": ("final_epochs", "both")}
 DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "configs",
                               "polish_mnist1d_resnet.py")
-
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("polish_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def shrink(config) -> None:
@@ -201,7 +193,7 @@ def main(argv=None) -> int:
   rows_path = os.path.join(args.outdir, "runs.jsonl")
   rows = read_rows(rows_path)
   if not args.report_only:
-    config = load_config(args.config)
+    config = configs.load(args.config)
     if args.quick:
       shrink(config)
     done = {(r["seed"], r["training"]) for r in rows}

@@ -27,3 +27,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 
 jax.config.update("jax_enable_x64", False)
+
+
+import pytest  # noqa: E402
+
+import tiny_config  # noqa: E402  (tests/tiny_config.py)
+from dateopt.train import parallel  # noqa: E402
+
+
+@pytest.fixture
+def tiny():
+  """The tiny MNIST-1D LSTM config with fields set: `tiny(strategy="adaptive")`."""
+  return tiny_config.with_fields
+
+
+@pytest.fixture(scope="session")
+def mesh8():
+  """The 8 simulated devices on one `data` axis, as the trainer builds its mesh."""
+  mesh = parallel.make_mesh()
+  assert mesh.size == 8, "tests/conftest.py sets 8 simulated devices"
+  return mesh

@@ -22,6 +22,9 @@ from dateopt.data.base import epoch_permutation
 
 import tiny_config
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 # --- The ladder and the rule ---------------------------------------------------------------
 
@@ -247,15 +250,13 @@ def test_stream_serves_every_example_once_per_epoch_whatever_the_batch_sizes():
 # --- The trainer ------------------------------------------------------------------------------
 
 def _growing_config(**overrides):
-  config = tiny_config.get_config()  # MNIST-1D LSTM, B0 = 16, 120 baseline steps
-  config.strategy, config.batch_size, config.grad_groups = "adaptive", 128, 4
+  """The tiny MNIST-1D LSTM (B0 = 16, 120 baseline steps) growing its batch up to 128."""
   # A step priced at 1000 largest batches: every rung is due as soon as the rule looks (every
   # 20 steps after the warmup).
-  config.plan = dict(grow_batch=True, step_price=1000.0)
-  config.log_every_steps, config.checkpoint_every_steps = 5, -1
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  return config
+  return tiny_config.with_fields(**{
+      "strategy": "adaptive", "batch_size": 128, "grad_groups": 4,
+      "plan": dict(grow_batch=True, step_price=1000.0), "log_every_steps": 5,
+      "checkpoint_every_steps": -1, **overrides})
 
 
 def _train_step_compilations_of_a_run(config, workdir):

@@ -16,6 +16,9 @@ import pytest
 from dateopt import configs, extras
 from dateopt import tpu as tpu_launcher
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 PAGES = [p for p in PAGES if "_build" not in p.parts and not {"growth_study", "scaling_study",

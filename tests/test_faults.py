@@ -28,7 +28,9 @@ import dateopt
 from dateopt import date, plots, schedules, train
 from dateopt.train import checkpoint, metrics, nonfinite, preemption, recipe_record, workdir_lock
 
-import tiny_config  # tests/tiny_config.py
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_config.py")
@@ -478,9 +480,8 @@ def test_a_bad_config_value_is_one_line_with_status_2(cli, tmp_path):
   assert not os.path.exists(tmp_path / "checkpoints")
 
 
-def test_keep_checkpoints_must_keep_one():
-  config = tiny_config.get_config()
-  config.keep_checkpoints = -1
+def test_keep_checkpoints_must_keep_one(tiny):
+  config = tiny(keep_checkpoints=-1)
   with pytest.raises(ValueError, match="config.keep_checkpoints"):
     train.build_experiment(config)
 
@@ -522,9 +523,8 @@ def test_out_of_range_values_name_their_field(make, message):
     make()
 
 
-def test_an_unusable_data_dir_is_named():
-  config = tiny_config.get_config()
-  config.data_dir = "/proc/no_such_dir"
+def test_an_unusable_data_dir_is_named(tiny):
+  config = tiny(data_dir="/proc/no_such_dir")
   with pytest.raises(FileNotFoundError, match=r"data_dir='/proc/no_such_dir' of dataset"):
     train.build_experiment(config)
 

@@ -23,17 +23,16 @@ from dateopt.train.experiment import gradient_groups
 
 import tiny_config  # tests/tiny_config.py: MNIST-1D LSTM, batch 64, grad_groups 8
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ACCUM = 4  # micro-batches of 16: 2 rows of each of the 8 gradient groups
 STEPS = 2
 
 
 def _config(**overrides):
-  config = tiny_config.get_config()
-  config.num_train_steps = STEPS
-  config.checkpoint_every_steps = -1
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  return config
+  return tiny_config.with_fields(**{"num_train_steps": STEPS, "checkpoint_every_steps": -1,
+                                    **overrides})
 
 
 def _run_steps(grad_accum_steps: int, optimizer: str):

@@ -10,6 +10,9 @@ import pytest
 
 from dateopt import date, study
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

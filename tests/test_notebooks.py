@@ -22,6 +22,9 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = ("quickstart.ipynb", "large_batch_mnist1d.ipynb", "resnet50_tpu.ipynb")
 CELL_TIMEOUT_S = 300  # per cell: a compile on a loaded 2-core machine, with room to spare

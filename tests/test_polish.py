@@ -19,6 +19,9 @@ from dateopt.train.steps import create_train_state
 
 import tiny_config
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 
 class TwoBatchNorms(nn.Module):
   """dense -> BN -> relu -> BN: the second BN's inputs depend on the first's train mode."""
@@ -245,11 +248,10 @@ def test_a_run_resumed_inside_the_window_trains_on_clean_data_as_the_uninterrupt
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_an_adaptive_run_enters_its_window_between_logged_steps(tmp_path, data_spy):
-  config = tiny_config.get_config()  # MNIST-1D LSTM; its 960 examples at B0=16: 60 steps an epoch
-  config.strategy = "adaptive"
-  config.checkpoint_every_steps = -1
-  config.log_every_steps = 1000  # no logged step before the end: progress is read every step
+def test_an_adaptive_run_enters_its_window_between_logged_steps(tmp_path, data_spy, tiny):
+  # MNIST-1D LSTM; its 960 examples at B0=16: 60 steps an epoch. No logged step before the
+  # end: progress is read every step.
+  config = tiny(strategy="adaptive", checkpoint_every_steps=-1, log_every_steps=1000)
   config.polish.mode, config.polish.epochs = "final_epochs", 0.2  # the last 12 baseline steps
   result = train.train_and_evaluate(config, str(tmp_path))
   levels = [level for _, level in data_spy]

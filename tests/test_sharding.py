@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 import conftest
 import dateopt
@@ -37,11 +37,6 @@ OPTIMIZERS = {
 STEPS = 4
 
 
-def _mesh():
-  assert jax.device_count() == N_DEVICES, "tests/conftest.py sets 8 CPU devices"
-  return Mesh(np.array(jax.devices()), ("data",))  # Auto axes (jax.make_mesh is Explicit).
-
-
 def _single_device(tx, params, grads_seq):
   state = tx.init(params)
   for grads in grads_seq:
@@ -59,10 +54,10 @@ def _close(a, b):
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_jit_over_mesh_matches_single_device(name):
+def test_jit_over_mesh_matches_single_device(name, mesh8):
   params, grads_seq = _tree(0), _grads_seq()
   expected = _single_device(OPTIMIZERS[name](None), params, grads_seq)
-  mesh = _mesh()
+  mesh = mesh8
   sharded = NamedSharding(mesh, P("data"))
   shard = lambda t: jax.tree.map(lambda x: jax.device_put(x, sharded), t)
   tx = OPTIMIZERS[name](None)  # jit partitions the norms itself: no axis_name.
@@ -76,10 +71,10 @@ def test_jit_over_mesh_matches_single_device(name):
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_shard_map_with_axis_name_matches_single_device(name):
+def test_shard_map_with_axis_name_matches_single_device(name, mesh8):
   params, grads_seq = _tree(0), _grads_seq()
   expected = _single_device(OPTIMIZERS[name](None), params, grads_seq)
-  mesh = _mesh()
+  mesh = mesh8
   tx = OPTIMIZERS[name]("data")  # each device holds 1/8 of every leaf.
   state_spec = jax.tree.map(lambda x: P("data") if x.ndim else P(),
                             jax.eval_shape(tx.init, params))

@@ -1,4 +1,4 @@
-"""The batch-scaling study (dateopt.study, scripts/scaling_study.py): grid, configs, tables, --quick."""
+"""The batch-scaling study (dateopt.study, python -m dateopt.study): grid, configs, tables, --quick."""
 
 import csv
 import json
@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
-from dateopt import date, study
+from dateopt import configs, date, study
 from dateopt.train import experiment
+
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "study_tiny_config.py")
@@ -37,7 +40,7 @@ def _planned(config, n=1600):
 
 
 def test_cell_configs_change_only_what_the_strategy_changes():
-  base = study.load_config(TINY)  # batch 8, 2 epochs of 1,600 train examples: 400 steps
+  base = configs.load(TINY)  # batch 8, 2 epochs of 1,600 train examples: 400 steps
   n = 1600
 
   baseline = study.cell_config(base, study.Cell("t", "baseline", 1, 2), num_train_examples=n)
@@ -81,8 +84,8 @@ def test_effective_noise_scale_and_the_law_by_hand():
   assert date.adascale_gain(study.effective_noise_scale(values, 32, 512), 32, 512) == (
       pytest.approx(harmonic, rel=1e-9))
   # S(B) = S0 (1 + Bn/B)/(1 + Bn/B0): 1000 (1 + 100/1000)/(1 + 100/10) = 100.
-  assert study.law_steps(1000, 100.0, 10, 1000) == pytest.approx(100.0)
-  assert study.law_steps(1000, 100.0, 10, 10) == pytest.approx(1000.0)
+  assert date.law_steps(1000, 100.0, 10, 1000) == pytest.approx(100.0)
+  assert date.law_steps(1000, 100.0, 10, 10) == pytest.approx(1000.0)
 
 
 def _row(strategy, k, seed, accuracy, steps, curve, noise=()):
@@ -155,24 +158,24 @@ def test_growth_report_by_hand():
 
 def test_study_figures_are_written(tmp_path):
   pytest.importorskip("matplotlib")
-  from dateopt import plots
+  from dateopt.study import figures
   summary = study.summarize(_rows())
-  for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+  for draw in (figures.plot_steps_to_target, figures.plot_steps_vs_examples):
     path = draw(summary, str(tmp_path / f"{draw.__name__}.png"), noise_scale=300.0)
     assert os.path.getsize(path) > 5000
-  path = plots.plot_accuracy_vs_batch(summary, str(tmp_path / "acc.png"))
+  path = figures.plot_accuracy_vs_batch(summary, str(tmp_path / "acc.png"))
   assert os.path.getsize(path) > 5000
   unreached = [dict(e, steps_to_target=None) for e in summary]  # a short run: none got there
-  for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+  for draw in (figures.plot_steps_to_target, figures.plot_steps_vs_examples):
     assert os.path.getsize(draw(unreached, str(tmp_path / "u.png"), noise_scale=300.0)) > 5000
   for noise in (float("inf"), float("nan"), 0.0):  # a short run's baseline measured none
-    for draw in (plots.plot_steps_to_target, plots.plot_steps_vs_examples):
+    for draw in (figures.plot_steps_to_target, figures.plot_steps_vs_examples):
       assert os.path.getsize(draw(summary, str(tmp_path / "n.png"), noise_scale=noise)) > 5000
 
 
 def _quick(outdir):
   return subprocess.run(
-      [sys.executable, os.path.join(REPO, "scripts", "scaling_study.py"), "--workload", "tiny",
+      [sys.executable, "-m", "dateopt.study", "--workload", "tiny",
        "--config", f"tiny={TINY}", "--quick", "--outdir", str(outdir), "--no-progress"],
       capture_output=True, text=True, timeout=900, cwd=REPO,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -227,7 +230,7 @@ def test_studies_sharing_an_outdir_skip_the_cell_a_live_process_runs(tmp_path, m
     return {"key": cell.key, **vars(cell), "noise_scales": [], "final_accuracy": 0.5,
             "steps": 10, "wall_seconds": 1.0}
 
-  monkeypatch.setattr(study, "run_cell", fake_run)
+  monkeypatch.setattr(study.runner, "run_cell", fake_run)  # where Study looks it up
   monkeypatch.setattr(study.Study, "config_for", lambda self, cell: None)
   runner = study.Study(str(tmp_path), {"tiny": None})
   # A live process (this one) holds seed 0's claim: its workdir must not be touched.

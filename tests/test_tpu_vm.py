@@ -18,6 +18,9 @@ SCRIPT = REPO / "scripts" / "tpu_vm.py"
 
 from dateopt import tpu as tpu_vm  # noqa: E402
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 WHERE = "--zone=us-central2-b --project=my-project"
 TARGET = ["my-tpu", "--zone=us-central2-b", "--project=my-project"]
 SLICE = ["--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base"]

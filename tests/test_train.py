@@ -17,19 +17,17 @@ from dateopt import train
 import conftest  # tests/conftest.py: the XLA flags the subprocesses need too
 import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
 
+# Training runs, subprocesses or notebooks: left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(**overrides):
   """The subprocess tests' tiny MNIST-1D LSTM config, shortened for in-process runs."""
-  config = tiny_config.get_config()
-  config.num_train_steps = 6
-  config.log_every_steps = 2
-  config.eval_every_steps = -1
-  config.checkpoint_every_steps = -1
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  return config
+  return tiny_config.with_fields(**{"num_train_steps": 6, "log_every_steps": 2,
+                                    "eval_every_steps": -1, "checkpoint_every_steps": -1,
+                                    **overrides})
 
 
 def _write_ptb(tmp_path):

@@ -41,15 +41,10 @@ def _config(**overrides):
   The files are what is tested here: no statistics, guard or noise-scale
   groups, which halves the compilation.
   """
-  config = tiny_config.get_config()
-  config.num_train_steps = 6
-  config.log_every_steps = 2
-  config.eval_every_steps = -1
-  config.checkpoint_every_steps = 3
-  config.statistics, config.guard, config.grad_groups = False, False, 0
-  for key, value in overrides.items():
-    setattr(config, key, value)
-  return config
+  return tiny_config.with_fields(**{"num_train_steps": 6, "log_every_steps": 2,
+                                    "eval_every_steps": -1, "checkpoint_every_steps": 3,
+                                    "statistics": False, "guard": False, "grad_groups": 0,
+                                    **overrides})
 
 
 class _FakeGcs(MemoryFileSystem):

@@ -18,3 +18,11 @@ def get_config():
   # (tests/test_divergence.py). The tests of resume, growth and faults run it anyway.
   config.divergence_patience = 0
   return config
+
+
+def with_fields(**fields):
+  """`get_config()` with `fields` set: how the tests vary it (`tiny(...)` in conftest.py)."""
+  config = get_config()
+  for key, value in fields.items():
+    setattr(config, key, value)
+  return config

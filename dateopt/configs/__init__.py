@@ -10,12 +10,15 @@ Example:
   True
   >>> configs.resolve("mnist1d_lstm").endswith("mnist1d_lstm.py")
   True
+  >>> config = configs.load("mnist1d_lstm")      # its get_config()
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
+from typing import Any
 
 DIRECTORY = pathlib.Path(__file__).resolve().parent
 
@@ -44,3 +47,19 @@ def resolve(config: str) -> str:
   raise FileNotFoundError(
       f"config {config!r} is neither a file nor a packaged config; packaged configs: "
       f"{', '.join(names())} (or give the path of a config file).")
+
+
+def load(config: str) -> Any:
+  """The `get_config()` of the config file `config` names (see `resolve`).
+
+  A `file.py:argument` suffix is passed to `get_config` as ml_collections'
+  `config_flags` does. One loader for the CLI's scripts, the study and the tests.
+
+  Raises:
+    FileNotFoundError: no such file or packaged config (see `resolve`).
+  """
+  path, colon, argument = resolve(config).partition(":")
+  spec = importlib.util.spec_from_file_location("dateopt_loaded_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(argument) if colon else module.get_config()

@@ -18,10 +18,10 @@ OptimizerFactory = Callable[[optax.ScalarOrSchedule], optax.GradientTransformati
 def build_schedule(recipe: Recipe) -> optax.Schedule:
   """The recipe's learning-rate schedule (step -> LR), an optax schedule.
 
-  A linear warmup from `init_value` to `learning_rate` over
-  `warmup_epochs`, then `decay` over the rest of `num_epochs`; epochs become
-  steps at the recipe's `schedule_batch_size` (its batch, or the baseline's
-  for an adaptive recipe) with its drop_remainder policy.
+  `schedules.warmup_decay_schedule` over the recipe's own steps: a linear
+  warmup from `init_value` to `learning_rate` over `recipe.warmup_steps`,
+  then `decay` until `recipe.total_steps` (epochs count at the recipe's
+  `schedule_batch_size`: its batch, or the baseline's for an adaptive recipe).
 
   Example:
     >>> r = Recipe(batch_size=256, num_examples=50_000, num_epochs=10,
@@ -29,13 +29,13 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
     >>> float(build_schedule(r)(r.warmup_steps))
     0.1...
   """
-  return schedules.epoch_schedule(
-      recipe.learning_rate, recipe.warmup_epochs, recipe.num_epochs,
-      recipe.num_examples, recipe.schedule_batch_size, recipe.decay,
-      drop_remainder=recipe.drop_remainder,
-      init_value=recipe.init_value, power=recipe.power,
-      end_value=recipe.end_value, decay_epochs=recipe.decay_epochs,
-      decay_rate=recipe.decay_rate, decay_every_epochs=recipe.decay_every_epochs)
+  milestones = recipe.decay_epochs if recipe.decay == "multistep" else ()
+  return schedules.warmup_decay_schedule(
+      recipe.learning_rate, recipe.warmup_steps, recipe.total_steps, recipe.decay,
+      init_value=recipe.init_value, power=recipe.power, end_value=recipe.end_value,
+      boundaries=[recipe.epochs_to_steps(e) for e in milestones],
+      decay_rate=recipe.decay_rate,
+      transition_steps=max(1, recipe.epochs_to_steps(recipe.decay_every_epochs)))
 
 
 def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[int] | None = None,

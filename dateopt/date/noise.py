@@ -363,6 +363,20 @@ def adascale_gain(noise_scale: float, base_batch_size: int, batch_size: int) -> 
   return (1.0 + noise_scale / base_batch_size) / (1.0 + noise_scale / batch_size)
 
 
+def law_steps(steps_at_base: float, noise_scale: float, base_batch_size: int,
+              batch_size: float) -> float:
+  """McCandlish et al. 2018: the steps to a target at `batch_size`, anchored at the baseline's.
+
+  S(B) = S(B0)·(1 + B_noise/B)/(1 + B_noise/B0) = S(B0)/gain: the law
+  `adascale_gain` is written with, in steps.
+
+  Example:
+    >>> law_steps(1000, 100.0, 10, 1000)   # 1000 · (1 + 0.1) / (1 + 10)
+    100.0
+  """
+  return steps_at_base / adascale_gain(noise_scale, base_batch_size, batch_size)
+
+
 def expected_efficiency(noise_scale: float, base_batch_size: int, batch_size: int) -> float:
   """gain(k)/k: the fraction of the k-fold speed-up per step a larger batch delivers.
 

@@ -1,0 +1,156 @@
+"""The batch-scaling study: DATE adaptive against the static rules, B0·{1..64}, with plots.
+
+Every run starts from the workload's frozen baseline recipe (`dateopt/configs/study_*`);
+see `dateopt.study` for the grid. Finished runs are kept in
+`<outdir>/cells.jsonl`, so an interrupted study resumes where it stopped (run
+it again with the same arguments). Writes `<outdir>/results.csv` (every run),
+`results.md` (the tables and the bar) and `<outdir>/<workload>_*.png`.
+
+  python -m dateopt.study                        # both workloads, the full grid
+  python -m dateopt.study --workload lstm --quick --outdir runs/study_quick
+  python -m dateopt.study --report-only          # tables and plots from cells.jsonl
+
+(`python scripts/scaling_study.py` is the same command.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import time
+
+import jax
+from absl import logging
+
+from dateopt import configs as configs_lib
+from dateopt.study import cells, figures, report as report_lib
+from dateopt.study.runner import Study
+
+WORKLOADS = {
+    "lstm": "study_mnist1d_lstm",
+    "resnet": "study_mnist1d_resnet",
+}
+QUICK_MULTIPLES = (1, 4)
+QUICK_BASE_STEPS = 300  # the baseline's steps in --quick (its schedule shrunk in time)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workload", default="lstm,resnet",
+                      help=f"comma-separated, from {sorted(WORKLOADS)}")
+  parser.add_argument("--config", action="append", default=[], metavar="NAME=PATH",
+                      help="a workload's config file or packaged name (default: study_*)")
+  parser.add_argument("--outdir", default="runs/scaling_study")
+  parser.add_argument("--multiples", default="1,2,4,8,16,32,64")
+  parser.add_argument("--seeds", type=int, default=3,
+                      help="how many seeds the baseline and DATE run: 0, 1, ..., N-1")
+  parser.add_argument("--strategies", default=None,
+                      help="comma-separated subset of the grid's strategies (default: all)")
+  parser.add_argument("--rerun", default="",
+                      help="comma-separated strategies whose finished runs are dropped and run "
+                           "again (after a change to DATE, say)")
+  parser.add_argument("--quick", action="store_true",
+                      help=f"batches B0·{QUICK_MULTIPLES}, 1 seed, a {QUICK_BASE_STEPS}-step "
+                           "baseline: a smoke test of the whole pipeline")
+  parser.add_argument("--report-only", action="store_true",
+                      help="no training: tables and plots from the finished runs")
+  parser.add_argument("--figures", default=None, help="also copy the PNGs to this folder")
+  parser.add_argument("--no-progress", action="store_true")
+  return parser.parse_args(argv)
+
+
+def shrink_in_time(config, base_steps: int, num_train_examples: int):
+  """--quick: the same recipe over `base_steps` baseline steps (epochs and warmup scaled)."""
+  epochs = float(config.baseline.num_epochs)
+  factor = base_steps * config.baseline.batch_size / num_train_examples / epochs
+  warmup = float(config.baseline.get("warmup_epochs", 0.0))
+  config.baseline = dict(config.baseline.to_dict(), num_epochs=epochs * factor,
+                         warmup_epochs=warmup * factor)  # a new dict: ConfigDict fixes types
+  return config
+
+
+def workload_configs(args):
+  paths = dict(WORKLOADS)
+  for item in args.config:
+    name, _, path = item.partition("=")
+    if not path:
+      raise SystemExit(f"--config takes NAME=PATH; got {item!r}")
+    paths[name] = path
+  names = [w for w in args.workload.split(",") if w]
+  unknown = [w for w in names if w not in paths]
+  if unknown:
+    raise SystemExit(f"--workload: unknown {unknown}; known: {sorted(paths)}")
+  return {name: configs_lib.load(paths[name]) for name in names}
+
+
+def report(runner: Study, outdir: str, copy_to: str | None) -> str:
+  """results.csv, results.md and the figures in `outdir` (copied to `copy_to`); the text."""
+  rows = [row for row in runner.rows() if row["workload"] in runner.configs]
+  if not rows:
+    raise SystemExit(f"no finished runs in {runner.results_path}")
+  summary = report_lib.summarize(rows)
+  report_lib.write_csv(rows, os.path.join(outdir, "results.csv"))
+  text = report_lib.markdown_report(summary)
+  machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+  profiles = report_lib.profile_report(runner, rows)
+  if profiles:
+    text += "\n\n" + profiles
+  growth = report_lib.growth_report(rows)
+  if growth:
+    text += "\n\n### DATE adaptive, batch grown against fixed, at the same maximum\n\n" + growth
+  text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
+  with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  for workload in sorted({e["workload"] for e in summary}):
+    entries = [e for e in summary if e["workload"] == workload]
+    noise = next(e["noise_scale_median"] for e in entries if e["strategy"] == "baseline")
+    paths = [
+        figures.plot_accuracy_vs_batch(entries, os.path.join(outdir, f"{workload}_accuracy.png"),
+                                     title=f"{workload}: accuracy vs batch"),
+        figures.plot_steps_to_target(entries, os.path.join(outdir, f"{workload}_steps.png"),
+                                   noise_scale=noise,
+                                   title=f"{workload}: steps to the baseline's accuracy − 1 point"),
+        figures.plot_steps_vs_examples(entries, os.path.join(outdir, f"{workload}_tradeoff.png"),
+                                     noise_scale=noise,
+                                     title=f"{workload}: DATE's steps/examples trade-off"),
+    ]
+    if any(r["strategy"] == "adaptive_grow" for r in rows if r["workload"] == workload):
+      paths.append(figures.plot_growth_pareto(
+          [r for r in rows if r["workload"] == workload],
+          os.path.join(outdir, f"{workload}_pareto.png"),
+          title=f"{workload}: DATE's steps against examples, fixed and grown batches"))
+    if copy_to:
+      os.makedirs(copy_to, exist_ok=True)
+      for path in paths:
+        shutil.copy(path, os.path.join(copy_to, f"study_{os.path.basename(path)}"))
+  return text
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  logging.set_verbosity(logging.WARNING)
+  configs = workload_configs(args)
+  multiples = QUICK_MULTIPLES if args.quick else tuple(int(k) for k in args.multiples.split(","))
+  seeds = (0,) if args.quick else tuple(range(args.seeds))
+  runner = Study(args.outdir, configs)
+  if args.quick:
+    for name, config in configs.items():
+      shrink_in_time(config, QUICK_BASE_STEPS, runner.num_train_examples(name))
+  if args.rerun:
+    dropped = runner.forget([s for s in args.rerun.split(",") if s])
+    print(f"dropped {dropped} finished runs of {args.rerun} (kept in cells.jsonl.bak)")
+  started = time.perf_counter()
+  if not args.report_only:
+    strategies = args.strategies.split(",") if args.strategies else cells.DEFAULT_STRATEGIES
+    todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)
+    runner.run(todo, progress=not args.no_progress)
+  text = report(runner, args.outdir, args.figures)
+  print("\n" + text)
+  print(f"\n{args.outdir}: results.csv, results.md, PNGs ({time.perf_counter() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+  sys.exit(main())

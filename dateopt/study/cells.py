@@ -1,0 +1,230 @@
+"""The study's grid: its cells, each cell's config, and one cell's run.
+
+Every run starts from ONE baseline recipe, tuned once at batch B0 and then
+frozen; each cell (workload x batch B0·k x strategy x seed) only changes what
+its strategy changes (see `dateopt.study`). DATE's adaptive cells predict
+their steps from the baseline's measured noise scale.
+
+Example:
+  >>> cells = grid(["lstm"], multiples=(1, 4), seeds=(0,))
+  >>> [c.key for c in cells][:2]
+  ['lstm/baseline/1x/seed0', 'lstm/adaptive/4x/seed0']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shutil
+import statistics
+import time
+from typing import Any, Iterable, Mapping, Sequence
+
+import ml_collections
+
+from dateopt import date, plots, train
+from dateopt.epochs import epochs_to_steps
+from dateopt.validation import check_choice, check_range, check_type
+
+MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
+
+# Study strategy -> its label, in run order: the baselines first (DATE predicts
+# from their noise scale), DATE before LEGW at DATE's steps (which needs them).
+STRATEGIES: dict[str, str] = {
+    "baseline": "baseline (B0)",
+    "adaptive": "DATE adaptive",
+    "adaptive_grow": "DATE adaptive, batch grown",
+    "legw": "static LEGW",
+    "linear": "linear + Goyal warmup",
+    "sqrt": "sqrt, no LEGW warmup",
+    "none": "no scaling",
+    "legw_date_steps": "static LEGW at DATE's steps",
+}
+STATIC_RULES = ("legw", "linear", "sqrt", "none")
+# The recorded grid; the grown batch (issue 18) is asked for by name (--strategies).
+DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "adaptive_grow")
+# DATE's strategies: every seed runs, and the baseline's noise scale predicts their steps.
+ADAPTIVE_STRATEGIES = ("adaptive", "adaptive_grow")
+
+# Goyal et al. 2017 warm up for 5 of ImageNet's 90 epochs; a shorter run keeps that share.
+GOYAL_WARMUP_SHARE = 5 / 90
+
+EVALS_PER_RUN = 16  # eval points per run: the steps to a target accuracy, at ~6% resolution
+BAR_TOLERANCE = 1.0  # accuracy points: "the baseline's accuracy" (issue 9's bar)
+
+CSV_COLUMNS = ("workload", "batch", "multiple", "strategy", "seed", "steps", "examples",
+               "epochs", "predicted_steps", "final_accuracy", "best_accuracy",
+               "steps_to_target", "wall_seconds", "guard_skipped", "guard_lr_multiplier")
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One run of the grid: a workload, a strategy, a batch multiple k and a seed."""
+
+  workload: str
+  strategy: str
+  multiple: int
+  seed: int
+
+  @property
+  def key(self) -> str:
+    return f"{self.workload}/{self.strategy}/{self.multiple}x/seed{self.seed}"
+
+
+def grid(workloads: Sequence[str], *, multiples: Sequence[int] = MULTIPLES,
+         seeds: Sequence[int] = (0, 1, 2), static_seeds: Sequence[int] = (0,),
+         strategies: Sequence[str] = DEFAULT_STRATEGIES) -> list[Cell]:
+  """The study's cells in run order.
+
+  The baseline runs at k = 1 with `seeds`, DATE adaptive at every k > 1 with
+  `seeds`, and the static rules and LEGW at DATE's steps at every k > 1 with
+  `static_seeds` (at k = 1 every strategy is the baseline).
+
+  Example:
+    >>> len(grid(["lstm"]))   # 3 baselines + 6 x (3 DATE + 4 static + 1)
+    51
+  """
+  for strategy in strategies:
+    check_choice("strategies", strategy, tuple(STRATEGIES))
+  for k in multiples:
+    check_type("multiples", k, int, "positive ints")
+    check_range("multiples", k, low=1)
+  cells = []
+  for workload in workloads:
+    for strategy in (s for s in STRATEGIES if s in strategies):
+      if strategy == "baseline":
+        cells += [Cell(workload, strategy, 1, seed) for seed in seeds]
+        continue
+      run_seeds = seeds if strategy in ADAPTIVE_STRATEGIES else static_seeds
+      cells += [Cell(workload, strategy, k, seed)
+                for k in sorted(set(multiples)) if k > 1 for seed in run_seeds]
+  return cells
+
+
+def measured_noise_scales(metric_rows: Sequence[Mapping[str, Any]]) -> list[float]:
+  """The B_noise values a run logged (`train/date/noise_scale`), one per log step.
+
+  `metrics.jsonl` writes non-finite values as null. The noise scale is NaN
+  only before its first measurement (left out here) and +inf once measured
+  when the signal estimate is <= 0, so a null after the first finite value is
+  read as inf (the largest gain).
+  """
+  values = []
+  for row in metric_rows:
+    if "train/date/noise_scale" not in row:
+      continue
+    value = row["train/date/noise_scale"]
+    if value is None or math.isnan(float(value)):
+      if values:  # measured before: the signal estimate was <= 0
+        values.append(math.inf)
+      continue
+    values.append(float(value))
+  return values
+
+
+def finite_median(values: Iterable[float]) -> float:
+  finite = [v for v in values if math.isfinite(v)]
+  return statistics.median(finite) if finite else math.nan
+
+
+def effective_noise_scale(values: Sequence[float], base_batch_size: int,
+                          batch_size: int) -> float:
+  """The one B_noise whose gain is the baseline trajectory's harmonic-mean gain at `batch_size`.
+
+  The adaptive run's steps are Σ 1/r over the baseline's steps, so with the
+  baseline's noise scale B_i logged at equal intervals the law predicts
+  T0 · mean(1/r(B_i)); this returns the B with r(B) = 1/mean(1/r(B_i)), for
+  `date.plan(..., noise_scale=B)` to predict from.
+
+  Example:
+    >>> round(effective_noise_scale([500.0, 500.0], 32, 512))
+    500
+  """
+  gains = [date.adascale_gain(max(v, 0.0), base_batch_size, batch_size) for v in values]
+  if not gains:
+    return math.nan
+  gain = len(gains) / sum(1.0 / g for g in gains)
+  if gain >= batch_size / base_batch_size:
+    return math.inf
+  # r = (1 + B/b0)/(1 + B/b)  ⇔  B = (r − 1)/(1/b0 − r/b)
+  return (gain - 1.0) / (1.0 / base_batch_size - gain / batch_size)
+
+
+def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
+                num_train_examples: int, noise_scale: float | None = None,
+                date_steps: int | None = None) -> ml_collections.ConfigDict:
+  """The trainer config of `cell`: the frozen baseline, changed only by its strategy.
+
+  Args:
+    base: the workload's config (its `baseline` is the tuned recipe).
+    cell: the run.
+    num_train_examples: the dataset's training examples (epochs ↔ steps).
+    noise_scale: "adaptive": the B_noise its predicted steps come from;
+      "adaptive_grow": the baseline's B_noise profile (its logged values).
+    date_steps: "legw_date_steps": the steps to train for.
+  """
+  config = ml_collections.ConfigDict(base.to_dict())
+  config.seed = cell.seed
+  config.progress_bar = False  # the grid has its own bar
+  config.checkpoint_every_steps = -1  # a finished cell is the unit of resumption
+  base_batch = int(config.baseline.batch_size)
+  base_steps = epochs_to_steps(float(config.baseline.num_epochs), num_train_examples, base_batch)
+  if cell.strategy == "baseline":
+    config.batch_size = None
+    expected_steps = base_steps
+  else:
+    config.batch_size = base_batch * cell.multiple
+    expected_steps = base_steps / cell.multiple
+    config.strategy = {"legw_date_steps": "legw",
+                       "adaptive_grow": "adaptive"}.get(cell.strategy, cell.strategy)
+    plan = {"grow_batch": True} if cell.strategy == "adaptive_grow" else {}
+    if cell.strategy == "linear":
+      plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
+    if cell.strategy == "adaptive" and noise_scale is not None and math.isfinite(noise_scale):
+      plan["noise_scale"] = float(noise_scale)
+      expected_steps = date.predicted_steps(noise_scale, base_batch, config.batch_size,
+                                            base_steps, 0)
+    if cell.strategy == "adaptive_grow" and noise_scale:
+      plan["noise_scale"] = [float(v) for v in noise_scale]
+      expected_steps = date.predicted_budget(
+          plan["noise_scale"], base_batch_size=base_batch, base_steps=base_steps,
+          batch_sizes=date.batch_ladder(base_batch, config.batch_size))["steps"]
+    if cell.strategy == "legw_date_steps":
+      if date_steps is None:
+        raise ValueError(f"{cell.key}: LEGW at DATE's steps needs DATE's runs at "
+                         f"{cell.multiple}x first.")
+      config.baseline = dict(config.baseline.to_dict(),
+                             num_epochs=date_steps * config.batch_size / num_train_examples)
+      expected_steps = date_steps
+    config.plan = plan
+  config.eval_every_steps = max(1, int(expected_steps) // EVALS_PER_RUN)
+  return config
+
+
+def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains `cell` from scratch in `workdir`; returns its row (with its eval curve)."""
+  shutil.rmtree(workdir, ignore_errors=True)  # an unfinished cell starts again
+  start = time.perf_counter()
+  result = train.train_and_evaluate(config, workdir)
+  seconds = time.perf_counter() - start
+  metric_rows = plots.read_metrics(workdir)
+  eval_steps, eval_accuracy = plots.metric_curve(metric_rows, "eval/accuracy")
+  noise = measured_noise_scales(metric_rows)
+  recipe, metrics = result.recipe, result.train_metrics
+  return {
+      "key": cell.key, **dataclasses.asdict(cell), "batch": recipe.batch_size,
+      "base_batch": result.baseline.batch_size, "num_examples": recipe.num_examples,
+      "steps": result.steps, "examples": result.examples,
+      "largest_batch": result.largest_batch_size,
+      "epochs": result.examples / recipe.num_examples,
+      "predicted_steps": result.predicted_steps,
+      "final_accuracy": float(result.eval_metrics["accuracy"]),
+      "best_accuracy": max(eval_accuracy, default=math.nan),
+      "wall_seconds": seconds,
+      "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
+      "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
+      "noise_scale_median": finite_median(noise),
+      "noise_scales": noise if cell.strategy == "baseline" else [],
+      "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
+  }
