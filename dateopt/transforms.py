@@ -112,21 +112,22 @@ class LarsTrustRatioState(NamedTuple):
   count: jax.Array
 
 
-def lars_ratio_from_sq_norms(w_sq, g_sq, d_sq, weight_decay, trust_coefficient, eps, mode):
+def lars_ratio_from_sq_norms(w_sq, grad_sq, *, weight_decay, trust_coefficient, eps=0.0,
+                             mode="paper"):
   """λ = η‖w‖ / denominator from squared norms; 1 where ‖w‖ or the gradient norm is 0.
 
-  `g_sq` is ‖g‖² (mode "paper"), `d_sq` is ‖g + βw‖² (mode "optax").
+  `grad_sq` is ‖g‖² in mode "paper" (denominator ‖g‖ + β‖w‖ + eps) and
+  ‖g + βw‖² in mode "optax" (denominator ‖g + βw‖ + eps).
 
   Example:
-    >>> float(lars_ratio_from_sq_norms(25.0, 1.0, None, 0.1, 0.001, 0.0, "paper"))  # 0.005/1.5
+    >>> float(lars_ratio_from_sq_norms(25.0, 1.0, weight_decay=0.1,
+    ...                                trust_coefficient=0.001))   # 0.005/1.5
     0.0033333334
   """
-  w_norm = jnp.sqrt(w_sq)
+  w_norm, grad_norm = jnp.sqrt(w_sq), jnp.sqrt(grad_sq)
   if mode == "paper":
-    grad_norm = jnp.sqrt(g_sq)
     denominator = grad_norm + weight_decay * w_norm + eps
   else:  # "optax": the norm of the decayed gradient.
-    grad_norm = jnp.sqrt(d_sq)
     denominator = grad_norm + eps
   ratio = trust_coefficient * w_norm / jnp.where(denominator > 0, denominator, 1.0)
   return jnp.where((w_norm > 0) & (grad_norm > 0), ratio, 1.0)
@@ -144,8 +145,8 @@ def _lars_leaf_ratios(grads, params, flags, *, weight_decay, trust_coefficient, 
     others = [grads[i].astype(jnp.float32) + weight_decay * params[i].astype(jnp.float32)
               for i in selected]
   w_sq, other_sq = _paired_sq_norms([params[i] for i in selected], others, axis_name)
-  ratios = lars_ratio_from_sq_norms(w_sq, other_sq, other_sq, weight_decay, trust_coefficient,
-                                    eps, mode)
+  ratios = lars_ratio_from_sq_norms(w_sq, other_sq, weight_decay=weight_decay,
+                                    trust_coefficient=trust_coefficient, eps=eps, mode=mode)
   if clip_learning_rate is not None:
     ratios = _clip_to_learning_rate(ratios, clip_learning_rate)
   return selected, ratios
@@ -401,10 +402,6 @@ def lars(
 # ----------------------------------------------------------------------------
 
 
-class LambTrustRatioState(NamedTuple):
-  """`scale_by_lamb_trust_ratio` keeps no state."""
-
-
 def scale_by_lamb_trust_ratio(
     trust_bounds: Optional[tuple[float, float]] = None,
     mask: masks_lib.MaskLike = masks_lib.exclude_bias_and_norm,
@@ -424,7 +421,7 @@ def scale_by_lamb_trust_ratio(
 
   def init_fn(params):
     masks_lib.resolve(mask, params)
-    return LambTrustRatioState()
+    return optax.EmptyState()  # the ratio needs no state
 
   def update_fn(updates, state, params=None):
     _require_params(params, "scale_by_lamb_trust_ratio")

@@ -39,7 +39,8 @@ STEPS, EVERY = 300, 20
 # uninterrupted runs that agree at the end agreed at every step.
 RUN_FLAGS = (f"--config.num_train_steps={STEPS}", f"--config.checkpoint_every_steps={EVERY}",
              "--config.keep_checkpoints=5", "--config.baseline.num_epochs=20")
-TIMING_KEYS = ("train/step_seconds", "train/examples_per_second", "run/steps_per_second")
+TIMING_KEYS = ("train/step_seconds", "train/examples_per_second", "train/input_seconds",
+               "train/input_share", "run/steps_per_second")
 NAN_BATCHES = os.path.join(REPO, "tests", "nan_batch_config.py")  # `:7,8` poisons steps 7, 8
 
 

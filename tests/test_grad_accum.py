@@ -9,6 +9,7 @@ import doctest
 import functools
 import json
 import os
+import types
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from dateopt import date, models, train
 from dateopt.train import accumulation, parallel
 from dateopt.train.steps import apply_model
 from dateopt.train.experiment import gradient_groups
+from dateopt.train.layout import BatchLayout
 
 import tiny_config  # tests/tiny_config.py: MNIST-1D LSTM, batch 64, grad_groups 8
 
@@ -159,11 +161,12 @@ def test_bad_grad_accum_steps_are_rejected_naming_the_field(value, overrides, ma
     train.build_experiment(config)
 
 
-@pytest.mark.parametrize("value", [2.5, "2", None])
+@pytest.mark.parametrize("value", [2.5, "2", None, 0, True])
 def test_non_integers_are_rejected_naming_the_field(value):
+  config = types.SimpleNamespace(grad_accum_steps=value, model="lstm_classifier",
+                                 model_kwargs={})  # a --config file may set anything
   with pytest.raises(ValueError, match=r"config\.grad_accum_steps must be an int"):
-    accumulation.check_grad_accum_steps(value, batch_field="config.batch_size",
-                                        batch_size=64, num_devices=8)
+    BatchLayout.from_config(config, num_devices=8, grad_groups=0)
 
 
 def test_docstring_examples():

@@ -274,6 +274,9 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   assert any(r.get("run/steps") == result.steps for r in rows)
   timed = [r for r in rows if "train/step_seconds" in r]
   assert timed and all(r["train/examples_per_second"] > 0 for r in timed)
+  # The wait for input, apart from the step time: a share of the wall time.
+  assert all(0.0 <= r["train/input_share"] <= 1.0 and 0.0 <= r["train/input_seconds"]
+             <= r["train/step_seconds"] for r in timed)
 
 
 def test_the_progress_bar_of_an_adaptive_run_counts_baseline_steps(capsys):
@@ -342,3 +345,17 @@ def test_train_step_static_measure_flag_and_covered_progress():
   jax.tree.map(np.testing.assert_array_equal, idle_state, covered)
   assert np.isnan(float(idle_metrics["loss"]))
   assert float(idle_metrics["date/progress"]) == exp.recipe.total_steps
+
+
+def test_profile_steps_write_a_trace_tensorboard_opens(tmp_path):
+  train.train_and_evaluate(_config(profile_steps="2:3"), str(tmp_path))
+  traces = list((tmp_path / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+
+
+@pytest.mark.parametrize("value", ["3:2", "0:4", "10-15", "a:b"])
+def test_bad_profile_steps_are_named(value):
+  with pytest.raises(ValueError, match=r'config.profile_steps must be a string "first:last"'):
+    train.build_experiment(_config(profile_steps=value))
+  with pytest.raises(TypeError, match="profile_steps"):  # ml_collections keeps it a string
+    _config(profile_steps=10)

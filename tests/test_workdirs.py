@@ -253,3 +253,18 @@ def test_the_lock_in_the_bucket_refuses_a_second_run(bucket):
     workdir_lock.acquire(RUN)
   workdir_lock.release(lock)
   assert bucket.files() == []
+
+
+def test_the_step_clock_keeps_the_wait_for_input_apart(monkeypatch):
+  now = [100.0]
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+  clock = metrics.StepClock(batch_size=8)
+  assert clock.lap() == {}  # the first lap starts the clock
+  for _ in range(4):  # each step: 0.5 s of wall time, 0.2 s of it waiting for its batch
+    now[0] += 0.5
+    clock.count_step(input_seconds=0.2)
+  lap = clock.lap()
+  assert lap["step_seconds"] == pytest.approx(0.5)
+  assert lap["examples_per_second"] == pytest.approx(16.0)
+  assert lap["input_seconds"] == pytest.approx(0.2)
+  assert lap["input_share"] == pytest.approx(0.4)

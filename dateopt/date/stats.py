@@ -71,7 +71,7 @@ def _summarise_trust_ratios(grad_sq, param_sq, flags, *, trust_coefficient, weig
   """(min, median, max) of λ over the flagged leaves (every leaf if none is flagged)."""
   chosen = [i for i, f in enumerate(flags) if f is True] or range(len(flags))
   ratios = jnp.stack([transforms.lars_ratio_from_sq_norms(
-      param_sq[i], grad_sq[i], None, weight_decay, trust_coefficient, 0.0, "paper")
+      param_sq[i], grad_sq[i], weight_decay=weight_decay, trust_coefficient=trust_coefficient)
       for i in chosen])
   return jnp.min(ratios), jnp.median(ratios), jnp.max(ratios)
 

@@ -76,6 +76,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.checkpoint_every_steps = 500
   c.keep_checkpoints = 3
   c.progress_bar = True
+  # A jax.profiler trace of steps "first:last" into the workdir (TensorBoard's Profile tab);
+  # "": none. See dateopt.train.profiling.
+  c.profile_steps = ""
   # True: a run that starts over (checkpointing off, or no checkpoint left) may replace the
   # metrics of an earlier run in its workdir; else it is refused (see recipe_record).
   c.overwrite = False

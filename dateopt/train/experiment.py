@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from typing import Any, Sequence
 
 import jax
@@ -27,9 +26,10 @@ from dateopt import data as data_lib
 from dateopt import date
 from dateopt import masks
 from dateopt import models
-from dateopt.train import accumulation, parallel, polish
+from dateopt.train import parallel, polish, profiling
 from dateopt.train import config as config_lib
 from dateopt.train.cadence import Cadence
+from dateopt.train.layout import BatchLayout
 from dateopt.validation import check_range
 
 
@@ -52,6 +52,7 @@ class Experiment:
   final_epochs_steps: int = 0
   # The batches a run trains at: (recipe.batch_size,), or a growing recipe's ladder.
   batch_sizes: tuple[int, ...] = ()
+  layout: BatchLayout | None = None  # how each of them splits (devices, micro-batches, groups)
 
   @property
   def grows(self) -> bool:
@@ -73,11 +74,6 @@ class Experiment:
     return self.recipe.batch_size // self.config.grad_accum_steps
 
 
-def _check_divisible(field: str, batch_size: int, divisor: int, what: str) -> None:
-  if batch_size % divisor:
-    raise ValueError(f"{field}={batch_size} must be divisible by {what} ({divisor}).")
-
-
 def gradient_groups(config: ml_collections.ConfigDict) -> int:
   """Groups the gradient is taken over for the noise scale (0: a plain gradient).
 
@@ -86,18 +82,6 @@ def gradient_groups(config: ml_collections.ConfigDict) -> int:
   """
   wanted = config.statistics or config.strategy == "adaptive"
   return config.grad_groups if wanted and config.grad_groups > 1 else 0
-
-
-def _check_groups_keep_batch_norm(config: ml_collections.ConfigDict, group_size: int) -> None:
-  """Grouped gradients normalise each group alone: only ghost BN keeps its meaning."""
-  if not config.model.startswith("resnet"):
-    return
-  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
-  if bn_group is None or group_size % bn_group:
-    raise ValueError(
-        f"config.grad_groups={config.grad_groups} would compute batch norm over groups of "
-        f"{group_size} examples instead of the batch: set config.grad_groups=0 (no noise "
-        f"scale), or config.model_kwargs.bn_group_size to a divisor of {group_size}.")
 
 
 def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
@@ -140,6 +124,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   config_lib.check_known_keys(config)
   config_lib.check_optional_ints(config)
   config_lib.check_loop_fields(config)
+  profiling.parse_profile_steps(config.profile_steps)
   with _config_field("config.dataset_kwargs"):
     dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
                                    **config_lib.to_dict(config.dataset_kwargs))
@@ -150,9 +135,10 @@ def build_experiment(config: ml_collections.ConfigDict,
   baseline, recipe = plan_recipe(config, dataset.num_train_examples)
   mesh = parallel.make_mesh(devices)
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
-  batch_sizes = _batch_sizes(config, recipe, mesh, batch_field)
+  layout = BatchLayout.from_config(config, mesh.size, gradient_groups(config))
+  batch_sizes = _batch_sizes(recipe, layout, batch_field)
   for batch_size in batch_sizes:
-    _check_batch_layout(config, batch_field, batch_size, mesh.size)
+    layout.check(batch_field, batch_size)
   if not recipe.drop_remainder:
     raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
                      "its data pipeline drops the last partial batch of each epoch.")
@@ -163,7 +149,9 @@ def build_experiment(config: ml_collections.ConfigDict,
   # What fits in memory for training fits for eval (a forward pass only).
   eval_batch_size = int(config.eval_batch_size or microbatch_size)
   eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field
-  _check_divisible(eval_field, eval_batch_size, mesh.size, "the device count")
+  if eval_batch_size % mesh.size:
+    raise ValueError(f"{eval_field}={eval_batch_size} must be divisible by the device count "
+                     f"({mesh.size}).")
   num_steps = recipe.max_steps if config.num_train_steps < 0 else int(config.num_train_steps)
   if num_steps > recipe.max_steps:  # its LR is 0 past the end: steps that change nothing
     raise ValueError(f"config.num_train_steps={num_steps} is past the end of the recipe "
@@ -175,52 +163,19 @@ def build_experiment(config: ml_collections.ConfigDict,
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
                     polish=settings,
                     final_epochs_steps=_final_epochs_steps(settings, baseline, recipe, num_steps),
-                    batch_sizes=batch_sizes)
+                    batch_sizes=batch_sizes, layout=layout)
 
 
-def _check_batch_layout(config: ml_collections.ConfigDict, batch_field: str, batch_size: int,
-                        num_devices: int) -> None:
-  """Raises ValueError naming `batch_field` when the step cannot run at `batch_size`."""
-  _check_divisible(batch_field, batch_size, num_devices, "the device count")
-  _check_divisible(batch_field, batch_size, jax.process_count(), "the process count")
-  accumulation.check_grad_accum_steps(
-      config.grad_accum_steps, batch_field=batch_field, batch_size=batch_size,
-      num_devices=num_devices, grad_groups=gradient_groups(config),
-      bn_group_size=config_lib.to_dict(config.model_kwargs).get("bn_group_size"))
-  if gradient_groups(config) > 1:
-    _check_divisible(batch_field, batch_size, config.grad_groups, "config.grad_groups")
-    # Batch norm sees one micro-batch's part of a group at a time.
-    _check_groups_keep_batch_norm(
-        config, batch_size // config.grad_accum_steps // config.grad_groups)
-
-
-def batch_quantum(config: ml_collections.ConfigDict, num_devices: int) -> int:
-  """The smallest batch step every batch must be a multiple of, on this layout.
-
-  Devices and processes split the batch, each of the `grad_accum_steps`
-  micro-batches is split over the devices and holds an equal part of every
-  gradient group, and a ghost batch-norm group must fit whole in each.
-  """
-  accum, groups = config.grad_accum_steps, max(gradient_groups(config), 1)
-  quantum = math.lcm(num_devices, jax.process_count(), accum * num_devices, accum * groups)
-  bn_group = config_lib.to_dict(config.model_kwargs).get("bn_group_size")
-  if bn_group and config.model.startswith("resnet"):
-    quantum = math.lcm(quantum, accum * groups * int(bn_group))
-  return quantum
-
-
-def _batch_sizes(config: ml_collections.ConfigDict, recipe: date.Recipe, mesh,
-                 batch_field: str) -> tuple[int, ...]:
+def _batch_sizes(recipe: date.Recipe, layout: BatchLayout, batch_field: str
+                 ) -> tuple[int, ...]:
   """The batches the run trains at: the recipe's, or the ladder of a growing batch.
 
-  The ladder starts at the baseline's batch rounded up to `batch_quantum`
-  and doubles up to `recipe.batch_size`, the largest.
+  The ladder starts at the baseline's batch rounded up to the layout's
+  `quantum` and doubles up to `recipe.batch_size`, the largest.
   """
   if not recipe.grow_batch:
     return (recipe.batch_size,)
-  if not isinstance(config.grad_accum_steps, int) or config.grad_accum_steps < 1:
-    return (recipe.batch_size,)  # the layout check names config.grad_accum_steps
-  quantum = batch_quantum(config, mesh.size)
+  quantum = layout.quantum
   if recipe.batch_size % quantum:
     raise ValueError(f"{batch_field}={recipe.batch_size}, the growing batch's largest, must be "
                      f"a multiple of {quantum} (devices x grad_accum_steps x grad_groups and "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import time
 from typing import Any
 
 import jax
@@ -30,7 +31,7 @@ import optax
 
 from dateopt import date
 from dateopt.train import config as config_lib
-from dateopt.train import nonfinite, parallel, polish, preemption, workdirs
+from dateopt.train import nonfinite, parallel, polish, preemption, profiling, workdirs
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
 from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.evaluation import evaluate, make_eval_fn
@@ -86,6 +87,8 @@ class TrainLoop:
     # The metrics say the batch of every step: a row where it changes (a resume knows the last).
     self.largest_batch, self.logged_batch = self.feed.batch_size, last_batch
     self.clock = StepClock(exp.recipe.batch_size)
+    self.trace = profiling.StepTrace.from_config(exp.config.profile_steps, workdir)
+    cleanup.callback(self.trace.close)  # a run that ends inside the window keeps its trace
     self.watch = nonfinite.NonFiniteWatch(
         nonfinite.guard_nonfinite_count(self.state.opt_state), warn=lead,
         lr_floor=config_lib.to_dict(exp.config.guard_kwargs).get(
@@ -153,10 +156,14 @@ class TrainLoop:
     record = np.bool_(logs) if config.statistics else None  # stats only when logged
     measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
     measure = step % config.measure_every_steps == 0 if measures else None
-    self.state, self.metrics = self.step_fn(
-        self.state, parallel.global_batch(self.feed.next(), self.exp.mesh), record, measure)
+    self.trace.before(step)
+    waiting = time.perf_counter()  # the host's wait for the batch: is the step input-bound?
+    inputs = parallel.global_batch(self.feed.next(), self.exp.mesh)
+    waited = time.perf_counter() - waiting
+    self.state, self.metrics = self.step_fn(self.state, inputs, record, measure)
     stops.stepping()  # a signal now waits for this step and saves it
-    self.clock.count_step(batch)
+    self.trace.after(step, self.state)
+    self.clock.count_step(batch, input_seconds=waited)
     self.watch.record(step, self.metrics)
     if batch != self.logged_batch:  # the batch of every step: a row at each change
       self.writer.write(step, {"train/batch_size": batch})

@@ -85,9 +85,11 @@ class MetricWriter:
       if not values:
         return
     self._jsonl.write(strict_json.line({"step": int(step), **values}))
-    self._check_tensorboard()
     for key, value in values.items():
       if math.isfinite(value):
+        # Before every event, not once a row: a row has more scalars than tensorboardX's
+        # queue has room for once its thread is gone (the put would then block for good).
+        self._check_tensorboard()
         self._tensorboard.add_scalar(key, value, int(step))
 
   def write_text(self, tag: str, text: str) -> None:
@@ -278,10 +280,14 @@ class StepClock:
     >>> clock = StepClock(batch_size=512)
     >>> clock.lap()          # first log step: starts the clock
     {}
-    >>> clock.count_step(); sorted(clock.lap())
-    ['examples_per_second', 'step_seconds']
+    >>> clock.count_step(input_seconds=0.0); sorted(clock.lap())
+    ['examples_per_second', 'input_seconds', 'input_share', 'step_seconds']
 
-  `count_step(batch_size)` counts a step of another batch (a growing one).
+  `count_step(batch_size)` counts a step of another batch (a growing one);
+  `input_seconds=` is the time the loop waited for that step's batch. A lap
+  then also says `input_seconds` (per step) and `input_share`: the part of the
+  wall time spent waiting for input. Near 1, the input pipeline sets the pace
+  (the step is input-bound); near 0, the devices do.
   """
 
   def __init__(self, batch_size: int):
@@ -289,13 +295,15 @@ class StepClock:
     self._start: float | None = None
     self._steps = 0
     self._examples = 0
+    self._input = 0.0
     self._paused = 0.0
     self._total_steps = 0
     self._total_seconds = 0.0
 
-  def count_step(self, batch_size: int | None = None) -> None:
+  def count_step(self, batch_size: int | None = None, input_seconds: float = 0.0) -> None:
     self._steps += 1
     self._examples += self._batch_size if batch_size is None else batch_size
+    self._input += input_seconds
 
   def lap(self) -> dict[str, float]:
     now = time.perf_counter()
@@ -303,10 +311,13 @@ class StepClock:
     if self._start is not None and self._steps:
       seconds = now - self._start - self._paused
       out = {"step_seconds": seconds / self._steps,
-             "examples_per_second": self._examples / seconds}
+             "examples_per_second": self._examples / seconds,
+             "input_seconds": self._input / self._steps,
+             "input_share": min(1.0, self._input / seconds)}
       self._total_steps += self._steps
       self._total_seconds += seconds
-    self._start, self._steps, self._examples, self._paused = time.perf_counter(), 0, 0, 0.0
+    self._start, self._steps, self._examples = time.perf_counter(), 0, 0
+    self._input, self._paused = 0.0, 0.0
     return out
 
   @contextlib.contextmanager
