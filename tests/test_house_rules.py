@@ -1,0 +1,116 @@
+"""The package's shape (issue 21's bar): no import circle, short functions, a short trainer."""
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dateopt"
+MAX_FUNCTION_LINES = 80  # lines of code, docstring and comments aside
+MAX_TRAINER_LINES = 300
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  modules = {}
+  for path in PACKAGE.rglob("*.py"):
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    modules[name] = path
+  return modules
+
+
+def _imports(name: str, path: pathlib.Path, modules: dict[str, pathlib.Path]) -> set[str]:
+  """The package's modules `name` imports, anywhere in it (functions included).
+
+  `from pkg import sub` counts as importing `pkg.sub` only; a module importing its
+  own package's `__init__` (which re-exports the package) is not a circle.
+  """
+  def owner(target: str) -> str | None:
+    while target and target not in modules:
+      target = target.rpartition(".")[0]
+    return target or None
+
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    targets = []
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      base = node.module
+      if node.level:
+        base = ".".join(name.split(".")[:-node.level] + [node.module])
+      subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+      targets = subs if len(subs) == len(node.names) else [base, *subs]
+    for target in targets:
+      module = owner(target) if target.startswith("dateopt") else None
+      if module and module != name and not (
+          modules[module].name == "__init__.py" and name.startswith(module + ".")):
+        found.add(module)
+  return found
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components with more than one module (Tarjan)."""
+  index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+  def visit(node):
+    index[node] = low[node] = len(index)
+    stack.append(node)
+    on_stack.add(node)
+    for other in graph[node]:
+      if other not in index:
+        visit(other)
+        low[node] = min(low[node], low[other])
+      elif other in on_stack:
+        low[node] = min(low[node], index[other])
+    if low[node] == index[node]:
+      component = []
+      while True:
+        member = stack.pop()
+        on_stack.discard(member)
+        component.append(member)
+        if member == node:
+          break
+      if len(component) > 1:
+        circles.append(sorted(component))
+
+  for node in graph:
+    if node not in index:
+      visit(node)
+  return circles
+
+
+def test_the_import_graph_has_no_circle():
+  modules = _modules()
+  graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+  assert graph["dateopt.study.figures"] >= {"dateopt.plots"}  # the checker sees imports
+  assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle():
+  assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _code_lines(function: ast.FunctionDef, lines: list[str]) -> int:
+  body = function.body
+  start = body[0].lineno
+  if (isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+      and isinstance(body[0].value.value, str)):
+    start = body[0].end_lineno + 1  # the docstring is not code
+  return sum(1 for line in lines[start - 1:function.end_lineno]
+             if line.strip() and not line.strip().startswith("#"))
+
+
+def test_no_function_is_longer_than_80_lines_of_code():
+  too_long = []
+  for path in PACKAGE.rglob("*.py"):
+    source = path.read_text()
+    lines = source.splitlines()
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if _code_lines(node, lines) > MAX_FUNCTION_LINES:
+          too_long.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+  assert too_long == []
+
+
+def test_the_trainer_reads_in_one_sitting():
+  lines = (PACKAGE / "train" / "trainer.py").read_text().splitlines()
+  assert len(lines) <= MAX_TRAINER_LINES
