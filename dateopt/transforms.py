@@ -28,7 +28,7 @@ import optax
 from dateopt import masks as masks_lib
 from dateopt.validation import check_choice, check_range
 
-ScalarOrSchedule = Union[float, jax.Array, optax.Schedule]
+ScalarOrSchedule = optax.ScalarOrSchedule  # optax's own alias, not a second one
 AxisName = Optional[Union[str, Sequence[str]]]
 
 LARS_MODES = ("paper", "optax")

@@ -1,20 +1,16 @@
 """Runs a command on a machine made busy on purpose: the test suite's check for a loaded CI host.
 
 Issue 22 (item 9) saw `make test` die with `Fatal Python error: Aborted` on a 2-core
-machine at load average ~13. The cause is XLA:CPU's collective rendezvous: when one of
-the 8 simulated devices' threads reaches an all-reduce more than
-`--xla_cpu_collective_call_terminate_timeout_seconds` (40 s by default) after the
-others, XLA aborts the process on purpose ("Termination timeout ... Expected 8
-threads to join the rendezvous, but only 7 of them arrived on time"): `--abort-demo`
-shows it. The suite raises that limit in `tests/conftest.py` (`SLOW_COLLECTIVES`), yet on
-2026-11-25 the test below still aborted under 12 spinners (load 12.1, after 11 min): the
-cause is not settled (notes in issue 22). The check:
+machine at load average ~13. The cause (notes/reliability.md, from gdb stacks of a run hung
+under this script): XLA:CPU's client thread pool has max(cores, devices) = 8 threads for 8
+simulated devices, and a busy machine let all 8 block at once (7 device parts waiting in an
+all-reduce for the 8th, whose launch waited for its device's previous program). XLA then
+aborts when the rendezvous limit runs out ("Termination timeout ... Expected 8 threads to
+join the rendezvous, but only 7 of them arrived on time"; `--abort-demo` shows that message
+with the limit at 1 s). `tests/conftest.py` sets PJRT_NPROC=64, which sizes the pool. The
+check:
 
   python scripts/under_load.py --busy 12 -- .venv/bin/python -m pytest -q tests/test_polish.py
-
-and shows the cause with the limit at 1 s:
-
-  python scripts/under_load.py --busy 6 --abort-demo
 
 It starts `--busy` processes that spin, runs the command, stops them, and prints the
 load average seen and the command's exit status (which it exits with).

@@ -11,6 +11,7 @@ import errno
 import json
 import math
 import os
+import queue
 import threading
 import time
 from typing import Any, Iterator, Mapping
@@ -75,6 +76,7 @@ class MetricWriter:
     threading.excepthook = self._quiet_events_thread
     self._tensorboard = SummaryWriter(self._events_dir,
                                       purge_step=start_step + 1 if start_step else None)
+    self._guard_event_queue()
 
   def write(self, step: int, scalars: Mapping[str, Any]) -> None:
     if not self.enabled:
@@ -108,6 +110,30 @@ class MetricWriter:
         self._abandon_tensorboard()
         raise OSError(error.errno, f"the TensorBoard events in {self._events_dir} cannot be "
                       f"written: {error.strerror or error}") from error
+
+  def _guard_event_queue(self) -> None:
+    """Makes every put on tensorboardX's bounded event queue give up once its thread is dead.
+
+    A put waits while the queue is full; if the writer thread dies meanwhile (a
+    full disk), nothing will ever empty it. Checking the thread before each put
+    is not enough: under load the queue fills while the thread still lives. So
+    each put waits `_PUT_WAIT_SECONDS` at a time and checks the thread between.
+    """
+    event_writer = getattr(getattr(self._tensorboard, "file_writer", None), "event_writer", None)
+    events = getattr(event_writer, "_event_queue", None)
+    if events is None:  # another tensorboardX: the checks in `write` are all there is
+      return
+    put = events.put
+
+    def put_while_the_writer_lives(item, block=True, timeout=None):
+      del block, timeout  # always bounded waits
+      while True:
+        try:
+          return put(item, timeout=_PUT_WAIT_SECONDS)
+        except queue.Full:
+          self._check_tensorboard()  # raises once the thread is gone
+
+    events.put = put_while_the_writer_lives
 
   def _quiet_events_thread(self, args) -> None:
     if not (type(args.thread).__name__ == "_EventLoggerThread"
@@ -144,6 +170,9 @@ class MetricWriter:
     event_writer = getattr(getattr(self._tensorboard, "file_writer", None), "event_writer", None)
     if event_writer is not None and hasattr(event_writer, "_closed"):
       event_writer._closed = True  # pylint: disable=protected-access
+
+
+_PUT_WAIT_SECONDS = 1.0  # a full event queue is re-checked for a dead writer this often
 
 
 def _events_writer_alive(summary_writer: Any) -> bool:
