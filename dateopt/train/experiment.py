@@ -142,10 +142,10 @@ def build_experiment(config: ml_collections.ConfigDict,
   if not recipe.drop_remainder:
     raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
                      "its data pipeline drops the last partial batch of each epoch.")
-  if recipe.adaptive and gradient_groups(config) < 2:
+  if recipe.adaptive and layout.grad_groups < 2:
     raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
                      f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
-  microbatch_size = recipe.batch_size // config.grad_accum_steps
+  microbatch_size = layout.sizes(recipe.batch_size)["per_microbatch"]
   # What fits in memory for training fits for eval (a forward pass only).
   eval_batch_size = int(config.eval_batch_size or microbatch_size)
   eval_field = "config.eval_batch_size" if config.eval_batch_size else batch_field

@@ -35,7 +35,7 @@ from dateopt.train import nonfinite, parallel, polish, preemption, profiling, wo
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
 from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.evaluation import evaluate, make_eval_fn
-from dateopt.train.experiment import Experiment, gradient_groups
+from dateopt.train.experiment import Experiment
 from dateopt.train.feed import TrainFeed
 from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
 from dateopt.train.startup import StartupError, startup
@@ -87,6 +87,8 @@ class TrainLoop:
     # The metrics say the batch of every step: a row where it changes (a resume knows the last).
     self.largest_batch, self.logged_batch = self.feed.batch_size, last_batch
     self.clock = StepClock(exp.recipe.batch_size)
+    # Noise measured on 1 step in N: a Python flag per step, so two compiled programs.
+    self.measures_some_steps = exp.layout.grad_groups > 1 and exp.config.measure_every_steps > 1
     self.trace = profiling.StepTrace.from_config(exp.config.profile_steps, workdir)
     cleanup.callback(self.trace.close)  # a run that ends inside the window keeps its trace
     self.watch = nonfinite.NonFiniteWatch(
@@ -154,8 +156,7 @@ class TrainLoop:
     config, batch = self.exp.config, self.feed.batch_size
     logs = self.cadence.logs(step)
     record = np.bool_(logs) if config.statistics else None  # stats only when logged
-    measures = gradient_groups(config) > 1 and config.measure_every_steps > 1
-    measure = step % config.measure_every_steps == 0 if measures else None
+    measure = (step % config.measure_every_steps == 0 if self.measures_some_steps else None)
     self.trace.before(step)
     waiting = time.perf_counter()  # the host's wait for the batch: is the step input-bound?
     inputs = parallel.global_batch(self.feed.next(), self.exp.mesh)
@@ -294,7 +295,7 @@ def _compile_train_step(exp: Experiment, tx):
       functools.partial(train_step, model=exp.model, tx=tx,
                         num_classes=exp.dataset.num_classes, seed=config.seed,
                         label_smoothing=exp.recipe.label_smoothing,
-                        grad_groups=gradient_groups(config), recipe=exp.recipe,
+                        grad_groups=exp.layout.grad_groups, recipe=exp.recipe,
                         grad_accum_steps=config.grad_accum_steps),
       # Whether a step measures the noise is a Python bool: two programs, no traced
       # branch around the forward and backward passes (see `steps._gradients`).

@@ -87,11 +87,9 @@ class MetricWriter:
       if not values:
         return
     self._jsonl.write(strict_json.line({"step": int(step), **values}))
+    self._check_tensorboard()  # a put that finds the queue full checks again (_guard_event_queue)
     for key, value in values.items():
       if math.isfinite(value):
-        # Before every event, not once a row: a row has more scalars than tensorboardX's
-        # queue has room for once its thread is gone (the put would then block for good).
-        self._check_tensorboard()
         self._tensorboard.add_scalar(key, value, int(step))
 
   def write_text(self, tag: str, text: str) -> None:
