@@ -271,6 +271,7 @@ def test_the_step_clock_keeps_the_wait_for_input_apart(monkeypatch):
   assert lap["input_share"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow  # waits out the writer thread's timeouts (~12 s)
 def test_a_full_event_queue_whose_writer_dies_raises_instead_of_hanging(tmp_path, monkeypatch):
   """Under load the queue fills while tensorboardX's thread lives; then it dies (a full disk).
   A put waiting on that queue must give up, not block the run for good."""

@@ -10,7 +10,10 @@ from dateopt.train import default_config
 def get_config():
   config = default_config()
   config.dataset = "fake_images"
-  config.dataset_kwargs = dict(image_shape=(224, 224, 3), num_classes=1000)
+  # uint8, as imagenet2012's pipeline sends them: the model normalises on the device.
+  # A small eval split: the final evaluation only shows that eval runs.
+  config.dataset_kwargs = dict(image_shape=(224, 224, 3), num_classes=1000, uint8=True,
+                               num_eval_examples=64)
   config.model = "resnet50"
   config.compute_dtype = "bfloat16"
   config.baseline = dict(

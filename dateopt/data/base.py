@@ -12,6 +12,11 @@ epoch is dropped. Each process takes its contiguous slice of the global batch:
 rows [p * n, (p + 1) * n) with n = global_batch_size // process_count, so the
 slices of all processes concatenate to the global batch.
 
+Sources that decode one example at a time (`PerExampleSource`: JPEG images)
+are read by worker processes when the dataset has `num_workers`: each worker
+maps examples, and the batches are stacked from them in order, so the output
+is the same as in-process, and the prefetch is counted in examples.
+
 A batch that grows during training (DATE's growing mode) reads the same
 epoch permutations as one stream instead (`stream_batch`): a batch is the
 next `global_batch_size` examples from a position (examples served so far),
@@ -21,9 +26,14 @@ every epoch serves each example exactly once whatever the batch sizes.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
+import gc
 import itertools
+import math
+import os
+import weakref
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Protocol
 
 import numpy as np
@@ -80,6 +90,18 @@ class ExampleSource(Protocol):
     ...
 
   def gather(self, indices: np.ndarray, augment_key: AugmentKey | None) -> Batch:
+    ...
+
+
+class PerExampleSource(ExampleSource, Protocol):
+  """A source whose examples are prepared one at a time (decoding, cropping).
+
+  `example(index, augment_key)` returns {"inputs": one example's input,
+  "labels": its label}, the row `gather` would return for it. A `Dataset`
+  with `num_workers` maps it in worker processes, so the source must pickle.
+  """
+
+  def example(self, index: int, augment_key: AugmentKey | None) -> dict[str, Any]:
     ...
 
 
@@ -179,6 +201,169 @@ def map_in_order(fn: Callable[[int], Batch], start: int, stop: int | None,
   return iter(steps.to_iter_dataset(options))
 
 
+DEFAULT_PREFETCH_EXAMPLES = 512
+EXAMPLES_PER_CHUNK = 32  # examples a worker sends at once
+
+
+def default_num_workers() -> int:
+  """Worker processes for per-example decoding: one per core this process may run on."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ExampleAt:
+  """Slot s of this process's example stream -> its example (picklable, for workers).
+
+  Slot s is row s % n of this process's batch s // n (n = the per-process
+  batch). `kind` says which stream: "steps" (epoch-aligned batches from step
+  `start`), "stream" (a growing run's stream from position `start`) or "eval"
+  (the eval split in order, padded with example 0 under mask 0). The example
+  is the one `train_batch`, `stream_batch` or `eval_batches` puts in that row.
+  """
+
+  source: Any
+  kind: str
+  num_examples: int
+  global_batch_size: int
+  process_index: int = 0
+  process_count: int = 1
+  seed: int = 0
+  level: str = "none"
+  start: int = 0
+  steps_per_epoch: int = 1
+
+  def __call__(self, slot: int) -> dict[str, Any]:
+    local = self.global_batch_size // self.process_count
+    batch, row = divmod(int(slot), local)
+    in_batch = self.process_index * local + row
+    if self.kind == "eval":
+      position = batch * self.global_batch_size + in_batch
+      is_real = position < self.num_examples
+      example = self.source.example(position if is_real else 0, None)
+      example["mask"] = np.float32(is_real)
+      return example
+    if self.kind == "steps":
+      epoch, step_in_epoch = divmod(self.start + batch, self.steps_per_epoch)
+      offset = step_in_epoch * self.global_batch_size + in_batch
+    else:
+      epoch, offset = divmod(self.start + batch * self.global_batch_size + in_batch,
+                             self.num_examples)
+    index = epoch_permutation(self.num_examples, self.seed, epoch)[offset]
+    key = None if self.level == "none" else AugmentKey(self.seed, epoch, self.level)
+    return self.source.example(int(index), key)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _ExampleChunk:
+  """Chunk c: the examples of slots [c * size, (c + 1) * size), stacked (one transfer)."""
+
+  example_at: ExampleAt
+  size: int
+
+  def __call__(self, chunk: int) -> Batch:
+    stacked = None
+    for row, slot in enumerate(range(chunk * self.size, (chunk + 1) * self.size)):
+      example = self.example_at(slot)
+      if stacked is None:
+        stacked = {key: _shared_array((self.size,) + np.shape(value), np.asarray(value).dtype)
+                   for key, value in example.items()}
+      for key, value in example.items():
+        stacked[key][row] = value  # the one copy: straight into the memory the batch reads
+    return stacked
+
+
+def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+  """An array in shared memory, which grain hands to the main process without a copy."""
+  try:  # grain's own class (not exported): its workers send it as a name, not as bytes
+    from grain._src.python.ipc.shared_memory_array import SharedMemoryArray  # pylint: disable=g-import-not-at-top
+  except ImportError:  # a grain without it copies a plain array into shared memory
+    return np.empty(shape, dtype)
+  return SharedMemoryArray(shape, dtype)
+
+
+def _concatenate(chunks: list[Batch]) -> Batch:
+  return {key: np.concatenate([chunk[key] for chunk in chunks]) for key in chunks[0]}
+
+
+def map_examples_in_workers(example_at: ExampleAt, num_batches: int | None, *,
+                            num_workers: int, prefetch_examples: int) -> Iterator[Batch]:
+  """Batches of `example_at`'s examples, mapped one by one in `num_workers` processes.
+
+  Each worker maps the examples of a chunk (`EXAMPLES_PER_CHUNK`, or fewer to
+  divide the batch) and sends them stacked, through shared memory: one
+  transfer per chunk rather than per example. The workers take the chunks in
+  turn and the batches are assembled in order in a background thread, so the
+  output is what an in-process map gives. About `prefetch_examples` examples
+  wait in the workers' buffers, plus the batch being assembled and one more.
+  """
+  grain = extras.require("grain", extra="data")
+  _parse_absl_flags()
+  rows = example_at.global_batch_size // example_at.process_count
+  chunk = math.gcd(rows, EXAMPLES_PER_CHUNK)
+  stop = np.iinfo(np.int64).max if num_batches is None else num_batches * (rows // chunk)
+  chunks = grain.MapDataset.range(0, stop).map(_ExampleChunk(example_at, chunk))
+  chunks = chunks.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+  buffered = max(1, prefetch_examples // (chunk * num_workers))  # chunks per worker
+  chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(
+      num_workers=num_workers, per_worker_buffer_size=buffered))
+  batches = chunks.batch(rows // chunk, drop_remainder=True, batch_fn=_concatenate)
+  return _ClosedWhenDone(iter(grain.experimental.ThreadPrefetchIterDataset(
+      batches, prefetch_buffer_size=1)))
+
+
+class _ClosedWhenDone:
+  """An iterator that stops its workers at its end, or at exit, while Python is whole.
+
+  grain's iterator stops its worker processes in `close`, and again when it
+  is collected; collected during interpreter shutdown, after the modules its
+  `close` needs, it prints errors. So an exhausted pass (an eval pass) closes
+  itself and lets go of grain's iterator, and an atexit hook does the same for
+  the iterators still open.
+  """
+
+  def __init__(self, iterator):
+    self._iterator = iterator
+    _OPEN_WORKER_ITERATORS.add(self)
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> Batch:
+    try:
+      return next(self._iterator)
+    except StopIteration:
+      self.close()
+      raise
+
+  def close(self) -> None:
+    iterator, self._iterator = self._iterator, iter(())
+    close = getattr(iterator, "close", None)
+    if close is not None:
+      close()
+
+
+_OPEN_WORKER_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_worker_iterators() -> None:
+  for iterator in list(_OPEN_WORKER_ITERATORS):
+    iterator.close()
+  # grain's closed iterators sit in reference cycles; collected now, they unlink the shared
+  # memory they still hold before Python's resource tracker calls it leaked.
+  gc.collect()
+
+
+def _parse_absl_flags() -> None:
+  """Grain's worker processes read absl flags: outside an absl app, take their defaults."""
+  from absl import flags  # pylint: disable=g-import-not-at-top  (grain's own dependency)
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
 class Dataset:
   """A dataset for training and evaluation, with random-access batches.
@@ -192,6 +377,13 @@ class Dataset:
     train_source: random access to the training examples.
     eval_source: random access to the evaluation examples.
     num_threads: threads that prepare batches ahead in iterators (0: inline).
+    num_workers: worker processes that prepare the examples of a
+      `PerExampleSource` one by one (0: the source's `gather`, in this
+      process, with `num_threads`).
+    prefetch_examples: examples the workers prepare ahead, in all.
+    input_normalization: (mean, std) per channel, for uint8 images that the
+      model normalises on the accelerator (`ResNet.input_normalization`);
+      None when the inputs are ready to use.
     metadata: dataset-specific facts (vocabulary, normalisation, files, ...).
 
   Example:
@@ -210,10 +402,25 @@ class Dataset:
   train_source: ExampleSource = dataclasses.field(repr=False)
   eval_source: ExampleSource = dataclasses.field(repr=False)
   num_threads: int = 0
+  num_workers: int = 0
+  prefetch_examples: int = DEFAULT_PREFETCH_EXAMPLES
+  input_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
   def __post_init__(self):
     check_choice("task", self.task, TASKS)
+    for name in ("num_threads", "num_workers"):
+      check_type(name, getattr(self, name), int, "a non-negative int")
+      check_range(name, getattr(self, name), low=0)
+    check_type("prefetch_examples", self.prefetch_examples, int, "a positive int")
+    check_range("prefetch_examples", self.prefetch_examples, low=1)
+
+  def _in_workers(self, source: ExampleSource) -> bool:
+    return self.num_workers > 0 and hasattr(source, "example")
+
+  def _map_in_workers(self, example_at: ExampleAt, num_batches: int | None) -> Iterator[Batch]:
+    return map_examples_in_workers(example_at, num_batches, num_workers=self.num_workers,
+                                   prefetch_examples=self.prefetch_examples)
 
   @property
   def num_train_examples(self) -> int:
@@ -283,6 +490,11 @@ class Dataset:
     if num_steps is not None:
       check_type("num_steps", num_steps, int, "a non-negative int or None")
       check_range("num_steps", num_steps, low=0)
+    if self._in_workers(self.train_source):
+      return self._map_in_workers(ExampleAt(
+          self.train_source, "steps", self.num_train_examples, global_batch_size, process_index,
+          process_count, seed, augment_level(augment), start_step,
+          self.steps_per_epoch(global_batch_size)), num_steps)
     make_batch = functools.partial(self._train_batch_at, global_batch_size=global_batch_size,
                                    seed=seed, process_index=process_index,
                                    process_count=process_count, augment=augment)
@@ -333,6 +545,10 @@ class Dataset:
     self.stream_batch(start_position, global_batch_size, seed=seed,
                       process_index=process_index, process_count=process_count,
                       augment=augment)  # bad arguments fail here, not in a prefetch thread
+    if self._in_workers(self.train_source):
+      return self._map_in_workers(ExampleAt(
+          self.train_source, "stream", self.num_train_examples, global_batch_size,
+          process_index, process_count, seed, augment_level(augment), start_position), None)
     make_batch = lambda i: self.stream_batch(
         start_position + i * global_batch_size, global_batch_size, seed=seed,
         process_index=process_index, process_count=process_count, augment=augment)
@@ -353,6 +569,10 @@ class Dataset:
     all processes every eval example appears exactly once with mask 1.0.
     """
     process_rows(global_batch_size, process_index, process_count)
+    if self._in_workers(self.eval_source):
+      return self._map_in_workers(ExampleAt(
+          self.eval_source, "eval", self.num_eval_examples, global_batch_size, process_index,
+          process_count), self.num_eval_batches(global_batch_size))
     make_batch = functools.partial(self._eval_batch_at, global_batch_size=global_batch_size,
                                    process_index=process_index, process_count=process_count)
     return map_in_order(make_batch, 0, self.num_eval_batches(global_batch_size), self.num_threads)

@@ -21,6 +21,8 @@ from PIL import Image
 # ImageNet channel statistics, in the 0-255 pixel scale.
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255.0
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255.0
+# The same as (mean, std) tuples: a Dataset's `input_normalization` for uint8 ImageNet inputs.
+IMAGENET_NORMALIZATION = (tuple(IMAGENET_MEAN.tolist()), tuple(IMAGENET_STD.tolist()))
 
 # Inception crop ranges (Szegedy et al. 2015), as in tf.image.sample_distorted_bounding_box
 # callers and torchvision's RandomResizedCrop.

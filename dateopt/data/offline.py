@@ -19,6 +19,7 @@ import numpy as np
 
 from dateopt import extras
 from dateopt.data.augment import ShiftScaleNoise
+from dateopt.data import image_ops
 from dateopt.data.base import ArraySource, AugmentKey, Batch, Dataset, image_layout
 from dateopt.validation import check_range, check_type
 
@@ -171,15 +172,18 @@ def build_digits(*, data_dir: str | None = None, seed: int = 0, test_fraction: f
 class FakeImageSource:
   """`num_examples` random images that cycle through a small pool: any length, cheap.
 
-  Example i is pool[i % pool_size] with label i % num_classes.
+  Example i is pool[i % pool_size] with label i % num_classes. The pool is
+  standard normal float32, or uniform uint8 pixels with `uint8`.
   """
 
   def __init__(self, num_examples: int, image_shape: tuple[int, ...], num_classes: int,
-               pool_size: int, seed: int):
+               pool_size: int, seed: int, uint8: bool = False):
     self._num_examples = num_examples
     self._num_classes = num_classes
     rng = np.random.default_rng(seed)
-    self._pool = rng.standard_normal((pool_size,) + tuple(image_shape), dtype=np.float32)
+    shape = (pool_size,) + tuple(image_shape)
+    self._pool = (rng.integers(0, 256, shape, dtype=np.uint8) if uint8
+                  else rng.standard_normal(shape, dtype=np.float32))
 
   def __len__(self) -> int:
     return self._num_examples
@@ -194,8 +198,12 @@ class FakeImageSource:
 def build_fake_images(*, data_dir: str | None = None,
                       image_shape: tuple[int, ...] = (224, 224, 3), num_classes: int = 1000,
                       num_train_examples: int = 1_281_167, num_eval_examples: int = 10_000,
-                      pool_size: int = 64) -> Dataset:
-  """Random normalised-looking images for benchmarks (ImageNet-sized by default).
+                      pool_size: int = 64, uint8: bool = False) -> Dataset:
+  """Random images for benchmarks (ImageNet-sized by default).
+
+  float32 images that look normalised, or with `uint8` random pixels that the
+  model normalises on the accelerator as it does imagenet2012's (the same
+  input bytes and the same step).
 
   Example:
     >>> ds = build_fake_images(image_shape=(32, 32, 3), num_classes=10)
@@ -208,8 +216,12 @@ def build_fake_images(*, data_dir: str | None = None,
                       ("num_eval_examples", num_eval_examples), ("pool_size", pool_size)]:
     check_type(name, value, int, "a positive int")
     check_range(name, value, low=1)
+  check_type("uint8", uint8, bool, "True or False")
   return Dataset(
       name="fake_images", task="classification", num_classes=num_classes,
-      input_shape=image_shape, input_dtype=np.dtype(np.float32),
-      train_source=FakeImageSource(num_train_examples, image_shape, num_classes, pool_size, 0),
-      eval_source=FakeImageSource(num_eval_examples, image_shape, num_classes, pool_size, 1))
+      input_shape=image_shape, input_dtype=np.dtype(np.uint8 if uint8 else np.float32),
+      train_source=FakeImageSource(num_train_examples, image_shape, num_classes, pool_size, 0,
+                                   uint8),
+      eval_source=FakeImageSource(num_eval_examples, image_shape, num_classes, pool_size, 1,
+                                  uint8),
+      input_normalization=image_ops.IMAGENET_NORMALIZATION if uint8 else None)

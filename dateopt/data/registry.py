@@ -39,12 +39,15 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
     - "mnist": TFDS MNIST in [0, 1]: `layout` ("image" (28, 28, 1) or
       "sequence" (28, 28)), `train_split`, `eval_split`, `num_threads`.
     - "imagenet2012": TFDS ImageNet with Inception crop + flip (train) and
-      resize + center crop (eval), mean/std normalised: `image_size` (224),
-      `train_split`, `eval_split`, `num_threads`.
+      resize + center crop (eval), uint8 (the model normalises them):
+      `image_size` (224), `train_split`, `eval_split`, `num_workers` (one per
+      core), `prefetch_examples` (512).
     - "ptb": PTB-format text files in `data_dir`: `seq_len` (35),
       `eval_split` ("valid" or "test").
     - "fake_images": random images for benchmarks: `image_shape`,
-      `num_classes`, `num_train_examples`, `num_eval_examples`, `pool_size`.
+      `num_classes`, `num_train_examples`, `num_eval_examples`, `pool_size`,
+      `uint8` (False: float32 that looks normalised; True: uint8 pixels the
+      model normalises, as imagenet2012's).
 
   Args:
     name: one of `DATASET_NAMES`.

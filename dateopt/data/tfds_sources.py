@@ -1,8 +1,9 @@
 """TFDS datasets read through `tfds.data_source` (ArrayRecord random access), no TensorFlow.
 
-`tfds.data_source` gives random access to the decoded examples of a prepared
-dataset without TensorFlow; grain threads prepare batches ahead (see
-`base.map_in_order`). tensorflow-datasets, grain and PIL are imported only
+`tfds.data_source` gives random access to the examples of a prepared dataset
+without TensorFlow. MNIST's are decoded by tfds, and grain threads prepare
+its batches ahead (`base.map_in_order`); ImageNet's JPEGs are read encoded and
+decoded into their crops in worker processes (`dateopt.data.jpeg`). tensorflow-datasets, grain and PIL are imported only
 when one of these datasets is built.
 
 The datasets must already be prepared in the array_record format, once, by
@@ -19,7 +20,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from dateopt import extras
-from dateopt.data.base import AugmentKey, Batch, Dataset, example_rng, image_layout
+from dateopt.data.base import (DEFAULT_PREFETCH_EXAMPLES, AugmentKey, Batch, Dataset,
+                               default_num_workers, image_layout)
 from dateopt.validation import check_range, check_type
 
 DEFAULT_NUM_THREADS = 4
@@ -29,8 +31,12 @@ def _import_tfds():
   return extras.require("tensorflow_datasets", extra="data")  # no TensorFlow needed
 
 
-def open_tfds_split(name: str, split: str, data_dir: str | None) -> Sequence[dict[str, Any]]:
+def open_tfds_split(name: str, split: str, data_dir: str | None, *,
+                    encoded_images: bool = False) -> Sequence[dict[str, Any]]:
   """Random access to one split of a prepared TFDS dataset; never downloads.
+
+  With `encoded_images`, each record's "image" is the file's encoded bytes
+  (tfds's own decoding skipped), for a decoder that crops as it decodes.
 
   Raises:
     FileNotFoundError: naming the dataset and directory, when the split is not
@@ -41,7 +47,9 @@ def open_tfds_split(name: str, split: str, data_dir: str | None) -> Sequence[dic
   """
   tfds = _import_tfds()
   try:
-    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    decoders = {"image": tfds.decode.SkipDecoding()} if encoded_images else None
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False,
+                            decoders=decoders)
   except Exception as error:  # a missing dataset surfaces as one of several tfds error types
     where = data_dir or os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets")
     manual = " --manual_dir=<dir of its ILSVRC2012 .tar files>" if name == "imagenet2012" else ""
@@ -54,39 +62,29 @@ def open_tfds_split(name: str, split: str, data_dir: str | None) -> Sequence[dic
 
 
 class TfdsImageSource:
-  """An `ExampleSource` over TFDS image records, preprocessed one example at a time.
+  """An `ExampleSource` over TFDS image records, each preprocessed by `to_inputs(image)`.
 
-  `eval_fn(image)` is the deterministic preprocessing; `train_fn(image, rng)`,
-  when given, the augmentation used when `gather` receives an augment key, and
-  `weak_fn(image, rng)` the one for a key of level "weak" (default: `eval_fn`).
+  No augmentation: an augment key gives the same inputs as none (MNIST).
   """
 
-  def __init__(self, records: Sequence[dict[str, Any]], eval_fn: Callable[[np.ndarray], np.ndarray],
-               train_fn: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None,
-               weak_fn: Callable[[np.ndarray, np.random.Generator], np.ndarray] | None = None):
+  def __init__(self, records: Sequence[dict[str, Any]],
+               to_inputs: Callable[[np.ndarray], np.ndarray]):
     self._records = records
-    self._eval_fn = eval_fn
-    self._augment_fns = {"full": train_fn, "weak": weak_fn}
+    self._to_inputs = to_inputs
 
   def __len__(self) -> int:
     return len(self._records)
 
   def gather(self, indices: np.ndarray, augment_key: AugmentKey | None) -> Batch:
-    augment_fn = None if augment_key is None else self._augment_fns[augment_key.level]
-    inputs, labels = [], []
-    for index in indices:
-      record = self._records[int(index)]
-      if augment_fn is None:
-        inputs.append(self._eval_fn(record["image"]))
-      else:
-        inputs.append(augment_fn(record["image"], example_rng(augment_key, index)))
-      labels.append(record["label"])
-    return {"inputs": np.stack(inputs), "labels": np.asarray(labels, np.int32)}
+    del augment_key  # nothing random to draw
+    records = [self._records[int(index)] for index in indices]
+    return {"inputs": np.stack([self._to_inputs(record["image"]) for record in records]),
+            "labels": np.asarray([record["label"] for record in records], np.int32)}
 
 
-def _check_num_threads(num_threads: int) -> None:
-  check_type("num_threads", num_threads, int, "a non-negative int")
-  check_range("num_threads", num_threads, low=0)
+def _check_count(name: str, value: int) -> None:
+  check_type(name, value, int, "a non-negative int")
+  check_range(name, value, low=0)
 
 
 def build_mnist(*, data_dir: str | None = None, layout: str = "image", train_split: str = "train",
@@ -96,7 +94,7 @@ def build_mnist(*, data_dir: str | None = None, layout: str = "image", train_spl
   Example:
     >>> ds = build_mnist(layout="sequence")  # doctest: +SKIP
   """
-  _check_num_threads(num_threads)
+  _check_count("num_threads", num_threads)
   image_layout(np.zeros((28, 28, 1)), layout)  # validates `layout` before any I/O
 
   def to_inputs(image: np.ndarray) -> np.ndarray:
@@ -113,37 +111,34 @@ def build_mnist(*, data_dir: str | None = None, layout: str = "image", train_spl
 
 def build_imagenet2012(*, data_dir: str | None = None, image_size: int = 224,
                        train_split: str = "train", eval_split: str = "validation",
-                       num_threads: int = DEFAULT_NUM_THREADS) -> Dataset:
-  """ImageNet-1k from TFDS with the standard ResNet preprocessing, normalised float32 HWC.
+                       num_workers: int | None = None,
+                       prefetch_examples: int = DEFAULT_PREFETCH_EXAMPLES) -> Dataset:
+  """ImageNet-1k from TFDS with the standard ResNet preprocessing, as uint8 HWC images.
 
   Train: Inception crop to image_size, random flip. Eval (and train with
   augment=False): shorter side to image_size * 256 / 224, center crop. Weak
-  (augment="weak"): the eval crop, then a random flip.
-  Both subtract the ImageNet mean and divide by the std (0-255 scale).
+  (augment="weak"): the eval crop, then a random flip. The JPEGs are
+  decoded at the scale their crop needs (`dateopt.data.jpeg`), one example at
+  a time in `num_workers` processes (default: one per core). The model
+  subtracts the ImageNet mean and divides by the std (0-255 scale) on the
+  accelerator: the dataset's `input_normalization`.
 
   Example:
     >>> ds = build_imagenet2012(data_dir="/data/tfds")  # doctest: +SKIP
   """
-  from dateopt.data import image_ops  # pylint: disable=g-import-not-at-top  (needs PIL)
+  from dateopt.data import image_ops, jpeg  # pylint: disable=g-import-not-at-top  (PIL)
 
-  _check_num_threads(num_threads)
+  num_workers = default_num_workers() if num_workers is None else num_workers
+  _check_count("num_workers", num_workers)
   check_type("image_size", image_size, int, "a positive int")
   check_range("image_size", image_size, low=1)
-
-  def eval_fn(image):
-    return image_ops.preprocess_eval_image(image, image_size)
-
-  def train_fn(image, rng):
-    return image_ops.preprocess_train_image(image, image_size, rng)
-
-  def weak_fn(image, rng):
-    return image_ops.preprocess_weak_image(image, image_size, rng)
-
-  train = TfdsImageSource(open_tfds_split("imagenet2012", train_split, data_dir), eval_fn,
-                          train_fn, weak_fn)
-  evaluation = TfdsImageSource(open_tfds_split("imagenet2012", eval_split, data_dir), eval_fn)
+  train, evaluation = (
+      jpeg.JpegSource(open_tfds_split("imagenet2012", split, data_dir, encoded_images=True),
+                      image_size) for split in (train_split, eval_split))
   return Dataset(name="imagenet2012", task="classification", num_classes=1000,
-                 input_shape=(image_size, image_size, 3), input_dtype=np.dtype(np.float32),
-                 train_source=train, eval_source=evaluation, num_threads=num_threads,
+                 input_shape=(image_size, image_size, 3), input_dtype=np.dtype(np.uint8),
+                 train_source=train, eval_source=evaluation, num_workers=num_workers,
+                 prefetch_examples=prefetch_examples,
+                 input_normalization=image_ops.IMAGENET_NORMALIZATION,
                  metadata={"mean": image_ops.IMAGENET_MEAN, "std": image_ops.IMAGENET_STD,
                            "train_split": train_split, "eval_split": eval_split})

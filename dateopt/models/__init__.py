@@ -49,10 +49,10 @@ from dateopt.validation import call_by_name, check_choice
 
 def _resnet_builder(name: str) -> Callable[..., nn.Module]:
   def build(*, num_classes=None, dtype=jnp.float32, bn_group_size=None, num_filters=None,
-            stage_sizes=None, stem=None, bn_momentum=BN_MOMENTUM):
+            stage_sizes=None, stem=None, bn_momentum=BN_MOMENTUM, input_normalization=None):
     return make_resnet(name, num_classes=num_classes, dtype=dtype, bn_group_size=bn_group_size,
                        num_filters=num_filters, stage_sizes=stage_sizes, stem=stem,
-                       bn_momentum=bn_momentum)
+                       bn_momentum=bn_momentum, input_normalization=input_normalization)
   return build
 
 
@@ -74,7 +74,8 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     - "resnet18", "resnet34", "resnet50", "resnet101", "resnet152": ResNet v1.5
       (He et al. 2016), 1000 classes unless told; `bn_group_size` (ghost batch
       norm, Hoffer et al. 2017), `bn_momentum` (0.9), `num_filters`,
-      `stage_sizes`, `stem`.
+      `stage_sizes`, `stem`, `input_normalization` ((mean, std) per channel,
+      applied on the accelerator to uint8 images).
     - "resnet_tiny": 3 stages x 1 basic block, 16 filters, 3x3 stem, no
       max-pool (8x8 digits to 32x32 images), 10 classes unless told.
     - "lstm_classifier": `hidden_size` (128), `num_layers` (1); 10 classes

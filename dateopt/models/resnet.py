@@ -230,6 +230,10 @@ class ResNet(nn.Module):
       convention: `ra = m * ra + (1 - m) * batch_stat`).
     dtype: compute dtype (e.g. jnp.bfloat16); parameters and batch-norm
       statistics stay float32 and the logits are returned as float32.
+    input_normalization: (mean, std) per channel: the inputs (uint8 pixels,
+      say) become (x - mean) / std in float32 before the cast to `dtype`, on
+      the accelerator, inside the jitted step (a dataset's
+      `input_normalization`). None: the inputs are used as they come.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -248,10 +252,14 @@ class ResNet(nn.Module):
   bn_group_size: int | None = None
   bn_momentum: float = BN_MOMENTUM
   dtype: Any = jnp.float32
+  input_normalization: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
     norm = _make_norm(train, self.bn_group_size, self.dtype, self.bn_momentum)
+    if self.input_normalization is not None:
+      mean, std = (jnp.asarray(values, jnp.float32) for values in self.input_normalization)
+      x = (jnp.asarray(x, jnp.float32) - mean) / std
     x = jnp.asarray(x, self.dtype)
     dims = x.ndim - 2  # 2: NHWC images; 1: NLC sequences (1-D convolutions)
     if self.stem == "imagenet":
@@ -288,7 +296,9 @@ RESNET_CONFIGS: dict[str, dict[str, Any]] = {
 def make_resnet(name: str, *, num_classes: int | None = None, dtype: Any = jnp.float32,
                 bn_group_size: int | None = None, num_filters: int | None = None,
                 stage_sizes: Sequence[int] | None = None, stem: str | None = None,
-                bn_momentum: float = BN_MOMENTUM) -> ResNet:
+                bn_momentum: float = BN_MOMENTUM,
+                input_normalization: tuple[Sequence[float], Sequence[float]] | None = None
+                ) -> ResNet:
   """Builds a ResNet from `RESNET_CONFIGS[name]`, overriding the given fields.
 
   Example:
@@ -313,4 +323,20 @@ def make_resnet(name: str, *, num_classes: int | None = None, dtype: Any = jnp.f
     check_type("bn_group_size", bn_group_size, int, "a positive int or None")
     check_range("bn_group_size", bn_group_size, low=1)
   check_range("bn_momentum", bn_momentum, low=0.0, high=1.0, high_inclusive=False)
-  return ResNet(bn_group_size=bn_group_size, bn_momentum=bn_momentum, dtype=dtype, **fields)
+  return ResNet(bn_group_size=bn_group_size, bn_momentum=bn_momentum, dtype=dtype,
+                input_normalization=_checked_normalization(input_normalization), **fields)
+
+
+def _checked_normalization(normalization) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+  """(mean, std) as tuples of floats (hashable module fields), std > 0; or None."""
+  if normalization is None:
+    return None
+  try:
+    mean, std = (tuple(float(v) for v in values) for values in normalization)
+  except (TypeError, ValueError) as error:
+    raise ValueError(f"input_normalization must be (mean, std), two sequences of numbers; "
+                     f"got {normalization!r}.") from error
+  if len(mean) != len(std) or not all(v > 0 for v in std):
+    raise ValueError(f"input_normalization: mean and std must have one value per channel and "
+                     f"std > 0; got {normalization!r}.")
+  return mean, std

@@ -128,10 +128,12 @@ def build_experiment(config: ml_collections.ConfigDict,
   with _config_field("config.dataset_kwargs"):
     dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
                                    **config_lib.to_dict(config.dataset_kwargs))
+  model_kwargs = config_lib.to_dict(config.model_kwargs)
+  if dataset.input_normalization is not None:  # uint8 images, normalised in the step
+    model_kwargs.setdefault("input_normalization", dataset.input_normalization)
   with _config_field("config.model_kwargs"):
     model = models.create_model(config.model, num_classes=dataset.num_classes,
-                                dtype=config.compute_dtype,
-                                **config_lib.to_dict(config.model_kwargs))
+                                dtype=config.compute_dtype, **model_kwargs)
   baseline, recipe = plan_recipe(config, dataset.num_train_examples)
   mesh = parallel.make_mesh(devices)
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"

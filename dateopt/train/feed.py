@@ -9,20 +9,30 @@ change, and nothing is skipped or repeated within an epoch. Both are pure
 functions of (seed, where the run stands), so a resumed run reads exactly
 the batches an uninterrupted one would.
 
+The feed keeps `DEVICE_PREFETCH` batches on their way to the devices: the
+host-to-device copy of step t+1 is issued before step t runs (jax dispatches
+both asynchronously), as flax's `prefetch_to_device` does for pmap, here for
+`jit` with the batch's `NamedSharding`.
+
 Example:
-  >>> feed = TrainFeed(dataset, seed=0, batch_size=32, grows=True, position=0)
-  >>> batch = feed.next()          # 32 examples; feed.position is 32
+  >>> feed = TrainFeed(dataset, mesh, seed=0, batch_size=32, grows=True, position=0)
+  >>> batch = feed.next()          # 32 examples on the mesh; feed.position is 32
   >>> feed.resize(64)              # the next batch: the following 64 examples
   >>> feed.close()
 """
 
 from __future__ import annotations
 
-from typing import Any
+import collections
 
 import jax
+from jax.sharding import Mesh
 
 from dateopt import data as data_lib
+from dateopt.train import parallel
+
+# Batches on their way to the devices: the one the step takes and the next.
+DEVICE_PREFETCH = 2
 
 
 class TrainFeed:
@@ -30,6 +40,7 @@ class TrainFeed:
 
   Args:
     dataset: the run's dataset.
+    mesh: the devices the batches are sharded over (`parallel.global_batch`).
     seed: the data seed.
     batch_size: the global batch of the next step.
     grows: read the example stream by position (a growing batch) rather than
@@ -39,10 +50,11 @@ class TrainFeed:
     clean: evaluation-style preprocessing (Final Polishing's final epochs).
   """
 
-  def __init__(self, dataset: data_lib.Dataset, *, seed: int, batch_size: int, grows: bool,
-               start_step: int = 0, position: int = 0, clean: bool = False):
-    self._dataset, self._seed, self._grows = dataset, seed, grows
+  def __init__(self, dataset: data_lib.Dataset, mesh: Mesh, *, seed: int, batch_size: int,
+               grows: bool, start_step: int = 0, position: int = 0, clean: bool = False):
+    self._dataset, self._mesh, self._seed, self._grows = dataset, mesh, seed, grows
     self.batch_size, self.step, self.position, self.clean = batch_size, start_step, position, clean
+    self._ahead: collections.deque[dict[str, jax.Array]] = collections.deque()
     self._batches = self._open()
 
   def _open(self):
@@ -52,12 +64,13 @@ class TrainFeed:
       return self._dataset.stream_iterator(self.batch_size, start_position=self.position, **where)
     return self._dataset.train_iterator(self.batch_size, start_step=self.step, **where)
 
-  def next(self) -> dict[str, Any]:
-    """The next step's batch (this process's rows)."""
-    batch = next(self._batches)
+  def next(self) -> dict[str, jax.Array]:
+    """The next step's global batch, on the mesh; the one after it is sent on its way."""
+    while len(self._ahead) < DEVICE_PREFETCH:
+      self._ahead.append(parallel.global_batch(next(self._batches), self._mesh))
     self.step += 1
     self.position += self.batch_size
-    return batch
+    return self._ahead.popleft()
 
   def resize(self, batch_size: int) -> None:
     """Serves `batch_size` examples per step from the current position on (growing only)."""
@@ -74,6 +87,7 @@ class TrainFeed:
 
   def _reopen(self, **changes) -> None:
     self.close()  # its prefetch threads stop before the new pipeline starts
+    self._ahead.clear()  # sent ahead at the old size or preprocessing: never served
     for name, value in changes.items():
       setattr(self, name, value)
     self._batches = self._open()

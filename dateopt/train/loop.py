@@ -123,7 +123,7 @@ class TrainLoop:
     exp, state = self.exp, self.state
     host = parallel.to_host({"examples": state.examples_seen, "last": state.last_batch_size,
                              "batch": _engine_batch(exp, state.opt_state)})
-    feed = TrainFeed(exp.dataset, seed=exp.config.seed, batch_size=int(host["batch"]),
+    feed = TrainFeed(exp.dataset, exp.mesh, seed=exp.config.seed, batch_size=int(host["batch"]),
                      grows=exp.grows, start_step=self.start_step,
                      position=int(host["examples"]), clean=self.clean_data)
     return feed, int(host["last"])
@@ -159,7 +159,7 @@ class TrainLoop:
     measure = (step % config.measure_every_steps == 0 if self.measures_some_steps else None)
     self.trace.before(step)
     waiting = time.perf_counter()  # the host's wait for the batch: is the step input-bound?
-    inputs = parallel.global_batch(self.feed.next(), self.exp.mesh)
+    inputs = self.feed.next()
     waited = time.perf_counter() - waiting
     self.state, self.metrics = self.step_fn(self.state, inputs, record, measure)
     stops.stepping()  # a signal now waits for this step and saves it
