@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -23,19 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from dateopt import date, extras
-
-
-def read_metrics(path: str) -> list[dict[str, float]]:
-  """The rows of a run's metrics, in order.
-
-  Args:
-    path: a workdir (its `metrics.jsonl` is read) or a `.jsonl` file itself.
-  """
-  path = os.fspath(path)
-  if not path.endswith(".jsonl"):
-    path = os.path.join(path, "metrics.jsonl")
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+from dateopt.train import metrics
 
 
 def metric_curve(rows: Sequence[Mapping[str, float]], key: str) -> tuple[list[int], list[float]]:
@@ -205,7 +192,7 @@ def plot_training_curves(runs: Sequence[str] | Mapping[str, str] | str,
   plt = pyplot()
   fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), dpi=110,
                            squeeze=False)
-  rows = [read_metrics(p) for p in paths]
+  rows = [metrics.read_metrics(p) for p in paths]
   for ax, key in zip(axes[0], keys):
     for run_rows, label in zip(rows, labels):
       steps, values = metric_curve(run_rows, key)

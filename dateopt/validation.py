@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -85,26 +85,3 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str)
 
 def _as_tuple(types):
   return types if isinstance(types, tuple) else (types,)
-
-
-def call_by_name(call: str, builder: Callable[..., Any], **kwargs: Any) -> Any:
-  """`builder(**kwargs)`; a keyword it does not take is a TypeError naming `call`.
-
-  Registries (`create_model`, `get_dataset`) pass keywords straight through
-  and let Python reject a bad one; only the message changes, to name the
-  registry call instead of the private builder. A TypeError raised inside the
-  builder is not about the call and passes through untouched.
-
-  Example:
-    >>> def build(*, size=1): return size
-    >>> call_by_name("make('x')", build, sise=2)
-    Traceback (most recent call last):
-    TypeError: make('x') got an unexpected keyword argument 'sise'
-  """
-  try:
-    return builder(**kwargs)
-  except TypeError as error:
-    if error.__traceback__.tb_next is not None:  # raised inside the builder: not ours
-      raise
-    _, found, rest = str(error).partition("() ")
-    raise TypeError(f"{call} {rest}" if found else f"{call}: {error}") from error

@@ -138,8 +138,8 @@ def main():
       noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
     rows.append(run_one(name, config, workdir, noise))
     if name == "baseline":
-      from dateopt import plots
-      measured = measured_noise_scales(plots.read_metrics(workdir))
+      from dateopt.train.metrics import read_metrics
+      measured = measured_noise_scales(read_metrics(workdir))
       print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
             f"examples ({sum(map(math.isinf, measured))} of {len(measured)} logs: signal ≤ 0)\n",
             flush=True)

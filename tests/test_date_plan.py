@@ -37,11 +37,18 @@ def goyal_baseline(**changes):
 # ---- Recipe -----------------------------------------------------------------
 
 
-def test_recipe_step_helpers_use_the_drop_policy():
-  r = legw_baseline()
+def test_recipe_steps_drop_each_epochs_partial_batch():
+  r = legw_baseline()  # 1,281,167 / 1,024 = 1251.1: 1,251 whole batches an epoch
   assert (r.steps_per_epoch, r.warmup_steps, r.total_steps) == (1251, 391, 90 * 1251)
-  keep = r.replace(drop_remainder=False)
-  assert (keep.steps_per_epoch, keep.total_steps) == (1252, 90 * 1252)
+
+
+def test_a_saved_recipe_with_the_retired_drop_remainder_still_loads():
+  values = legw_baseline().to_dict()
+  assert date.Recipe.from_dict({**values, "drop_remainder": True}) == legw_baseline()
+  with pytest.raises(ValueError, match="drop_remainder=False is not supported"):
+    date.Recipe.from_dict({**values, "drop_remainder": False})
+  with pytest.raises(TypeError, match="drop_remainder"):
+    legw_baseline(drop_remainder=True)  # not a field any more
 
 
 def test_recipe_round_trips_through_dict_json_and_configdict():
@@ -67,7 +74,7 @@ def test_from_dict_rejects_unknown_keys_by_name():
 
 @pytest.mark.parametrize("field, value", [
     ("batch_size", "1024"), ("batch_size", 1024.0), ("num_epochs", "90"),
-    ("learning_rate", None), ("drop_remainder", 1), ("optimizer", 3),
+    ("learning_rate", None), ("grow_batch", 1), ("optimizer", 3),
     ("decay_epochs", (30, "sixty")), ("optimizer_options", ["mode"]),
     ("eps", "small"), ("mask", 0),
 ])

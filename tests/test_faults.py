@@ -817,7 +817,7 @@ def test_metrics_are_strict_json_and_readers_skip_non_finite_values(tmp_path):
   rows = _strict_rows(tmp_path)  # NaN and +-inf are null
   assert rows == [{"step": 1, "a": 1.0, "b": None, "c": None},
                   {"step": 2, "a": 2.0, "b": 0.5, "c": None}]
-  assert plots.read_metrics(str(tmp_path)) == rows
+  assert metrics.read_metrics(str(tmp_path)) == rows
   assert plots.metric_curve(rows, "b") == ([2], [0.5])
   assert plots.metric_curve(rows, "c") == ([], [])
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dateopt import date, plots
+from dateopt.train import metrics
 
 
 def _write_run(path, rows):
@@ -22,7 +23,7 @@ def test_metric_curve_keeps_finite_values_of_the_key_only(tmp_path):
                                     {"step": 3, "eval/accuracy": float("nan")},
                                     {"step": 4, "eval/accuracy": None},
                                     {"step": 5, "eval/accuracy": 0.75}])
-  assert plots.metric_curve(plots.read_metrics(run), "eval/accuracy") == ([1, 5], [0.5, 0.75])
+  assert plots.metric_curve(metrics.read_metrics(run), "eval/accuracy") == ([1, 5], [0.5, 0.75])
 
 
 def test_plot_eval_curves_writes_a_png(tmp_path):
@@ -141,4 +142,4 @@ def test_training_curves_take_metrics_paths_and_labels(tmp_path):
 
 def test_read_metrics_takes_a_workdir_or_its_jsonl(tmp_path):
   a, _ = _two_runs(tmp_path)
-  assert plots.read_metrics(a) == plots.read_metrics(f"{a}/metrics.jsonl")
+  assert metrics.read_metrics(a) == metrics.read_metrics(f"{a}/metrics.jsonl")

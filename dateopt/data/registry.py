@@ -8,7 +8,7 @@ from dateopt.data.base import Dataset
 from dateopt.data.offline import build_digits, build_fake_images, build_mnist1d
 from dateopt.data.text import build_ptb
 from dateopt.data.tfds_sources import build_imagenet2012, build_mnist
-from dateopt.validation import call_by_name, check_choice
+from dateopt.validation import check_choice
 
 
 # tfds_sources imports tensorflow-datasets, grain and PIL only inside its builders,
@@ -59,8 +59,8 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
   Raises:
     ValueError: unknown name (listing the allowed ones) or bad value (naming
       it).
-    TypeError: a keyword argument the dataset does not take, named in the
-      message: "get_dataset('ptb') got an unexpected keyword argument 'foo'".
+    TypeError: Python's own, for a keyword argument the dataset's builder
+      does not take: "build_ptb() got an unexpected keyword argument 'foo'".
     FileNotFoundError: the dataset's files are not where it looked (the
       message names the dataset and the path).
 
@@ -70,7 +70,7 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
   """
   check_choice("dataset name", name, DATASET_NAMES)
   try:
-    return call_by_name(f"get_dataset({name!r})", _BUILDERS[name], data_dir=data_dir, **kwargs)
+    return _BUILDERS[name](data_dir=data_dir, **kwargs)
   except OSError as error:  # an unreadable or unwritable data_dir: say which field it was
     if data_dir is None or "data_dir" in str(error):
       raise

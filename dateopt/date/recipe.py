@@ -38,7 +38,7 @@ _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
                 "init_value", "decay", "grad_clip_norm", "label_smoothing",
-                "drop_remainder", "optimizer_options")
+                "optimizer_options")
 
 
 def _spec(default: Any = dataclasses.MISSING, *, kind: str, **checks) -> Any:
@@ -87,7 +87,9 @@ class Recipe:
 
   Validated on construction: a field of the wrong type or out of range raises a
   ValueError that names it. Serialises to a plain dict or an
-  `ml_collections.ConfigDict` and back.
+  `ml_collections.ConfigDict` and back. An epoch is num_examples // batch_size
+  steps: its last partial batch is dropped, as a jitted step (one batch shape)
+  needs.
 
   Attributes:
     batch_size: global batch size.
@@ -118,8 +120,6 @@ class Recipe:
     decay_every_epochs: exponential decay period in epochs.
     grad_clip_norm: clip gradients to this global norm first (None: no clip).
     label_smoothing: label smoothing for the loss (read by the trainer).
-    drop_remainder: drop the last partial batch of each epoch (True) or keep
-      it as a smaller step (False).
     optimizer_options: extra keyword arguments of the optimizer factory
       (e.g. {"mode": "optax"} for lars, {"trust_bounds": (0, 10)} for lamb).
     base_batch_size: DATE's adaptive mode (`plan(..., strategy="adaptive")`):
@@ -173,7 +173,6 @@ class Recipe:
                                        low_inclusive=False)
   label_smoothing: float = _spec(0.0, kind="float", low=0.0, high=1.0,
                                  high_inclusive=False)
-  drop_remainder: bool = _spec(True, kind="bool")
   optimizer_options: Mapping[str, Any] = _spec(kind="mapping")
   base_batch_size: int | None = _spec(None, kind="optional_int", low=1)
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
@@ -195,7 +194,7 @@ class Recipe:
 
   def _check_consistency(self) -> None:
     """Checks that involve more than one field."""
-    if self.drop_remainder and self.batch_size > self.num_examples:
+    if self.batch_size > self.num_examples:
       raise ValueError(f"batch_size={self.batch_size} is larger than the data set "
                        f"(num_examples={self.num_examples}): no epoch would hold a full batch.")
     check_range("warmup_epochs", self.warmup_epochs, low=0.0,
@@ -217,8 +216,6 @@ class Recipe:
     masks.from_name(self.mask)  # a known name, else a regex that must compile
     for key, value in self.rationale.items():
       check_type(f"rationale[{key!r}]", value, str, "a string")
-    schedules.steps_per_epoch(self.num_examples, self.batch_size,
-                              self.drop_remainder)
     # Rounding to whole steps can still leave no training or no decay steps.
     if self.total_steps < 1:
       raise ValueError(f"num_epochs={self.num_epochs} is less than one step.")
@@ -241,14 +238,12 @@ class Recipe:
 
   def epochs_to_steps(self, epochs: float) -> int:
     """`schedules.epochs_to_steps` at `schedule_batch_size`, with this recipe's policy."""
-    return schedules.epochs_to_steps(epochs, self.num_examples, self.schedule_batch_size,
-                                     self.drop_remainder)
+    return schedules.epochs_to_steps(epochs, self.num_examples, self.schedule_batch_size)
 
   @property
   def steps_per_epoch(self) -> int:
-    """Optimizer steps per epoch under this recipe's drop_remainder policy."""
-    return schedules.steps_per_epoch(self.num_examples, self.batch_size,
-                                     self.drop_remainder)
+    """Optimizer steps per epoch: whole batches only (the last partial one is dropped)."""
+    return schedules.steps_per_epoch(self.num_examples, self.batch_size)
 
   @property
   def total_steps(self) -> int:
@@ -298,6 +293,7 @@ class Recipe:
     """Builds a recipe from a dict; unknown keys raise a ValueError naming them."""
     check_type("values", values, Mapping, "a mapping")
     names = [f.name for f in dataclasses.fields(cls)]
+    values = _without_retired_fields(values)
     for key in values:
       if key not in names:
         raise ValueError(f"Unknown Recipe field {key!r}; known fields: {', '.join(names)}.")
@@ -315,6 +311,21 @@ class Recipe:
       check_type("config", config, Mapping, "an ml_collections.ConfigDict")
     values = config if isinstance(config, Mapping) else config.to_dict()
     return cls.from_dict(values)
+
+
+def _without_retired_fields(values: Mapping[str, Any]) -> Mapping[str, Any]:
+  """`values` less `drop_remainder: True`, which recipes saved before its removal hold.
+
+  Every epoch drops its last partial batch: the trainer's batches have one
+  shape per compiled step, so keeping a smaller last batch was never run.
+  """
+  if "drop_remainder" not in values:
+    return values
+  if values["drop_remainder"] is not True:
+    raise ValueError(f"drop_remainder={values['drop_remainder']!r} is not supported: every "
+                     "epoch drops its last partial batch (a jitted step has one batch shape), "
+                     "so the field was removed from Recipe.")
+  return {key: value for key, value in values.items() if key != "drop_remainder"}
 
 
 def _copy(value: Any) -> Any:

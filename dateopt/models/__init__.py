@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -44,20 +45,12 @@ from dateopt.models.resnet import (
     ResNet,
     make_resnet,
 )
-from dateopt.validation import call_by_name, check_choice
-
-
-def _resnet_builder(name: str) -> Callable[..., nn.Module]:
-  def build(*, num_classes=None, dtype=jnp.float32, bn_group_size=None, num_filters=None,
-            stage_sizes=None, stem=None, bn_momentum=BN_MOMENTUM, input_normalization=None):
-    return make_resnet(name, num_classes=num_classes, dtype=dtype, bn_group_size=bn_group_size,
-                       num_filters=num_filters, stage_sizes=stage_sizes, stem=stem,
-                       bn_momentum=bn_momentum, input_normalization=input_normalization)
-  return build
+from dateopt.validation import check_choice
 
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    **{name: _resnet_builder(name) for name in RESNET_CONFIGS},
+    # partial keeps make_resnet's name in Python's own TypeError for an unknown keyword.
+    **{name: functools.partial(make_resnet, name) for name in RESNET_CONFIGS},
     "lstm_classifier": make_lstm_classifier,
     "lstm_lm": make_lstm_lm,
 }
@@ -100,9 +93,8 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
   Raises:
     ValueError: unknown name (the message lists the allowed ones) or bad
       value (the message names the field).
-    TypeError: a keyword argument the model does not take, named in the
-      message: "create_model('resnet50') got an unexpected keyword argument
-      'foo'".
+    TypeError: Python's own, for a keyword argument the model's builder does
+      not take: "make_resnet() got an unexpected keyword argument 'foo'".
 
   Example:
     >>> model = create_model("resnet50", num_classes=1000, dtype=jnp.bfloat16,
@@ -110,8 +102,7 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     >>> lm = create_model("lstm_lm", preset="ptb_small", vocab_size=10_000)
   """
   check_choice("model name", name, MODEL_NAMES)
-  return call_by_name(f"create_model({name!r})", _BUILDERS[name], num_classes=num_classes,
-                      dtype=_compute_dtype(dtype), **kwargs)
+  return _BUILDERS[name](num_classes=num_classes, dtype=_compute_dtype(dtype), **kwargs)
 
 
 def _compute_dtype(dtype: Any) -> jnp.dtype:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import ml_collections
 
 from dateopt import date, plots, train
+from dateopt.train.metrics import read_metrics
 from dateopt.epochs import epochs_to_steps
 from dateopt.validation import check_choice, check_range, check_type
 
@@ -208,7 +209,7 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
   start = time.perf_counter()
   result = train.train_and_evaluate(config, workdir)
   seconds = time.perf_counter() - start
-  metric_rows = plots.read_metrics(workdir)
+  metric_rows = read_metrics(workdir)
   eval_steps, eval_accuracy = plots.metric_curve(metric_rows, "eval/accuracy")
   noise = measured_noise_scales(metric_rows)
   recipe, metrics = result.recipe, result.train_metrics

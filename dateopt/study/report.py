@@ -14,7 +14,7 @@ import os
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dateopt import plots
+from dateopt.train import metrics
 from dateopt.study.cells import BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES, Cell, finite_median
 from dateopt.study.runner import Study
 
@@ -225,7 +225,7 @@ def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
                                               row["seed"])), "metrics.jsonl")
       if os.path.exists(path):
         groups.setdefault(row["multiple"], []).append(
-            progress_profile(plots.read_metrics(path), base_steps))
+            progress_profile(metrics.read_metrics(path), base_steps))
     if groups:
       sections.append(f"#### {workload}: by quarter of progress (baseline steps)\n\n"
                       + _profile_table(groups))

@@ -7,6 +7,7 @@ Example:
 
 from dateopt.train.config import default_config
 from dateopt.train.diverged import DivergedError
+from dateopt.train.metrics import read_metrics
 from dateopt.train.nonfinite import NonFiniteError
 from dateopt.train.parallel import initialize_distributed, make_mesh
 from dateopt.train.polish import polish_batch_stats
@@ -43,6 +44,7 @@ __all__ = [
     "make_mesh",
     "plan_recipe",
     "polish_batch_stats",
+    "read_metrics",
     "train_and_evaluate",
     "train_step",
 ]

@@ -141,9 +141,6 @@ def build_experiment(config: ml_collections.ConfigDict,
   batch_sizes = _batch_sizes(recipe, layout, batch_field)
   for batch_size in batch_sizes:
     layout.check(batch_field, batch_size)
-  if not recipe.drop_remainder:
-    raise ValueError("config.baseline.drop_remainder=False is not supported by the trainer: "
-                     "its data pipeline drops the last partial batch of each epoch.")
   if recipe.adaptive and layout.grad_groups < 2:
     raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
                      f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")

@@ -225,6 +225,22 @@ class _UploadedObject:
     self.closed = True
 
 
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The rows a `MetricWriter` wrote, in order: a workdir's `metrics.jsonl`, or the file.
+
+  Local paths and gs:// alike. The half-written last line of a killed run is
+  skipped; NaN and infinities were written as null.
+
+  Example:
+    >>> rows = read_metrics("runs/mnist1d_lstm/baseline")  # doctest: +SKIP
+    >>> [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]  # doctest: +SKIP
+  """
+  path = workdirs.as_path(path)
+  if not path.name.endswith(".jsonl"):
+    path = path / "metrics.jsonl"
+  return [row for _, row in _parsed_rows(path)]
+
+
 def last_logged_step(workdir: str | os.PathLike) -> int:
   """The largest step of `workdir/metrics.jsonl` (0 without the file or a row past step 0)."""
   path = workdirs.as_path(workdir) / "metrics.jsonl"
