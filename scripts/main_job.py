@@ -20,7 +20,14 @@ It prints a table, writes it with every run's numbers to
 to `<workdir>/eval_accuracy.png` (and `--figure`, if given).
 
   python scripts/main_job.py --config configs/mnist1d_lstm.py --workdir runs/mnist1d_lstm
-  python scripts/main_job.py --scales 16,64 --seed 1       # add 64x, another seed
+  python scripts/main_job.py --scales 16,64 --seeds 1      # add 64x, another seed
+  python scripts/main_job.py --seeds 0,1,2 --scales 16,64 --workdir runs/date_seeds
+
+With several seeds, each seed's job runs in <workdir>/<gain rule>/seed<N> (a
+seed whose results.json exists is read, not run again, so an interrupted job
+resumes), then it prints and writes (`seeds.md`) the mean ± std of every run
+and DATE adaptive against its bar: issue 8's at a fixed batch, issue 18's for
+a grown batch.
 """
 
 from __future__ import annotations
@@ -29,13 +36,20 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
+import statistics
 import time
 
 from absl import logging
 
+from dateopt import plots, train
 from dateopt.configs import load as load_config
 from dateopt.study import effective_noise_scale, finite_median, measured_noise_scales
+from dateopt.train import read_metrics
+
+# Issue 8: DATE adaptive at a fixed batch in at most this fraction of the baseline's steps.
+FIXED_BATCH_STEP_BAR = {16: 1 / 4, 64: 1 / 10}
 
 
 def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
@@ -67,7 +81,6 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
 
 def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
   """Trains one variant from scratch; returns its row of the table."""
-  from dateopt import train
   shutil.rmtree(workdir, ignore_errors=True)  # a fresh run each time, not a resume
   if noise_scale is not None and math.isfinite(noise_scale):
     config.plan = dict(config.plan.to_dict(), noise_scale=float(noise_scale))
@@ -109,6 +122,111 @@ def markdown_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def run_job(args, seed: int, workdir: str) -> dict:
+  """Every run of the comparison for one seed in `workdir`; its results (also written there)."""
+  scales = [int(s) for s in args.scales.split(",") if s]
+  grow_to = [int(s) for s in args.grow_to.split(",") if s]
+  started = time.perf_counter()
+  rows, measured = [], []
+  for name, config in variants(args.config, scales, seed, not args.no_progress,
+                               args.gain_rule, grow_to):
+    run_dir = os.path.join(workdir, name.replace(" ", "_"))
+    noise = None
+    if measured and config.batch_size is not None:
+      noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
+    rows.append(run_one(name, config, run_dir, noise))
+    if name == "baseline":
+      measured = measured_noise_scales(read_metrics(run_dir))
+      print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
+            f"examples ({sum(map(math.isinf, measured))} of {len(measured)} logs: signal ≤ 0)\n",
+            flush=True)
+  total = time.perf_counter() - started
+  noise = finite_median(measured)
+  summary = (f"{markdown_table(rows)}\n\nseed {seed}; baseline B_noise median {noise:,.0f} "
+             f"(predictions use the harmonic-mean gain over the baseline's logged B_noise); "
+             f"whole job {total:.0f} s")
+  print("\n" + summary)
+  results = {"seed": seed, "noise_scale": noise, "seconds": total, "runs": rows}
+  _write(os.path.join(workdir, "results.md"), summary + "\n")
+  _write(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
+  curves = {r["run"]: r["workdir"] for r in rows}
+  title = f"{os.path.basename(args.config)}: eval accuracy (seed {seed})"
+  for path in filter(None, [os.path.join(workdir, "eval_accuracy.png"), args.figure]):
+    plots.plot_eval_curves(curves, path, title=title)
+    print(f"wrote {path}")
+  return results
+
+
+def _write(path: str, text: str) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def seed_results(args, seed: int) -> dict:
+  """One seed of a multi-seed job (in <workdir>/<gain rule>/seed<N>), or its saved results:
+  an interrupted multi-seed job resumes at the first seed without `results.json`."""
+  workdir = os.path.join(args.workdir, args.gain_rule, f"seed{seed}")
+  path = os.path.join(workdir, "results.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  return run_job(args, seed, workdir)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+  return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def seeds_table(per_seed: list[dict]) -> str:
+  """Mean ± std over seeds of every run's accuracy, steps and examples, and the bars."""
+  seeds = ",".join(str(s["seed"]) for s in per_seed)
+  names = [r["run"] for r in per_seed[0]["runs"]]
+  by_name = {n: [next(r for r in s["runs"] if r["run"] == n) for s in per_seed] for n in names}
+  lines = [f"| run ({len(per_seed)} seeds: {seeds}) | batch | eval accuracy | steps "
+           f"| predicted steps | examples × baseline | guard skips (total) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+  for name, rows in by_name.items():
+    acc, acc_sd = _mean_std([100 * r["accuracy"] for r in rows])
+    steps, steps_sd = _mean_std([r["steps"] for r in rows])
+    predicted = [r["predicted_steps"] for r in rows if r["predicted_steps"] is not None]
+    shown = f"{statistics.mean(predicted):,.0f}" if predicted else ""
+    examples = statistics.mean(r["examples_vs_baseline"] for r in rows)
+    lines.append(f"| {name} | {rows[0]['batch']:,} | {acc:.2f} ± {acc_sd:.2f}% "
+                 f"| {steps:,.0f} ± {steps_sd:,.0f} | {shown} | {examples:.2f} "
+                 f"| {sum(r['guard_skipped'] for r in rows)} |")
+  return "\n".join(lines + [""] + bar_lines(by_name))
+
+
+def bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
+  """DATE adaptive's runs against their bars, on the means over seeds.
+
+  Fixed batch (issue 8): within 1.0 point of the baseline, in <= 1/4 of its
+  steps at 16x and <= 1/10 at 64x. Grown batch (issue 18): within 1.0 point,
+  <= 1/8 of the steps and <= 2.5x the examples.
+  """
+  base_acc = statistics.mean(100 * r["accuracy"] for r in by_name["baseline"])
+  base_steps = statistics.mean(r["steps"] for r in by_name["baseline"])
+  lines = []
+  for name, rows in by_name.items():
+    if not name.startswith("DATE adaptive"):
+      continue
+    acc = statistics.mean(100 * r["accuracy"] for r in rows) - base_acc
+    fraction = statistics.mean(r["steps"] for r in rows) / base_steps
+    examples = statistics.mean(r["examples_vs_baseline"] for r in rows)
+    if rows[0]["grows"]:
+      bar, met = "≤ 0.125 of the steps, ≤ 2.5× the examples", fraction <= 1 / 8 and examples <= 2.5
+    else:
+      step_bar = FIXED_BATCH_STEP_BAR.get(int(re.search(r"(\d+)x", name).group(1)))
+      bar = "" if step_bar is None else f"≤ {step_bar:.3f} of the steps"
+      met = step_bar is None or fraction <= step_bar
+    verdict = "met" if met and acc >= -1.0 else "NOT met"
+    lines.append(f"- {name}: {acc:+.2f} points vs the baseline, {fraction:.3f} of its steps, "
+                 f"{examples:.2f}× its examples (bar: ≥ −1.0 point{', ' + bar if bar else ''}): "
+                 f"{verdict}")
+  return lines
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="configs/mnist1d_lstm.py")
@@ -118,51 +236,25 @@ def main():
   parser.add_argument("--grow-to", default="64",
                       help="comma-separated maxima (multiples of the baseline) of DATE runs "
                            "whose batch grows with the noise scale; '' for none")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seeds", "--seed", default="0",
+                      help="a seed, or comma-separated seeds: each runs in "
+                           "<workdir>/<gain rule>/seed<N>, then mean ± std and the bars")
   parser.add_argument("--gain-rule", default="linear", choices=["linear", "sqrt"],
                       help="DATE adaptive's LR rule: × r_t or × √r_t")
   parser.add_argument("--figure", default=None, help="also save the PNG here")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
-
-  scales = [int(s) for s in args.scales.split(",") if s]
-  started = time.perf_counter()
-  rows, measured = [], []
-  grow_to = [int(s) for s in args.grow_to.split(",") if s]
-  for name, config in variants(args.config, scales, args.seed, not args.no_progress,
-                               args.gain_rule, grow_to):
-    workdir = os.path.join(args.workdir, name.replace(" ", "_"))
-    noise = None
-    if measured and config.batch_size is not None:
-      noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
-    rows.append(run_one(name, config, workdir, noise))
-    if name == "baseline":
-      from dateopt.train.metrics import read_metrics
-      measured = measured_noise_scales(read_metrics(workdir))
-      print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
-            f"examples ({sum(map(math.isinf, measured))} of {len(measured)} logs: signal ≤ 0)\n",
-            flush=True)
-  total = time.perf_counter() - started
-  noise = finite_median(measured)
-
-  table = markdown_table(rows)
-  summary = (f"{table}\n\nseed {args.seed}; baseline B_noise median {noise:,.0f} (predictions use "
-             f"the harmonic-mean gain over the baseline's logged B_noise); whole job {total:.0f} s")
-  print("\n" + summary)
-  os.makedirs(args.workdir, exist_ok=True)
-  with open(os.path.join(args.workdir, "results.md"), "w", encoding="utf-8") as f:
-    f.write(summary + "\n")
-  with open(os.path.join(args.workdir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump({"seed": args.seed, "noise_scale": noise, "seconds": total, "runs": rows}, f,
-              indent=2)
-
-  from dateopt import plots
-  curves = {r["run"]: r["workdir"] for r in rows}
-  title = f"{os.path.basename(args.config)}: eval accuracy (seed {args.seed})"
-  for path in filter(None, [os.path.join(args.workdir, "eval_accuracy.png"), args.figure]):
-    plots.plot_eval_curves(curves, path, title=title)
-    print(f"wrote {path}")
+  try:
+    seeds = [int(s) for s in args.seeds.split(",")]
+  except ValueError:
+    parser.error(f"--seeds must be comma-separated ints; got {args.seeds!r}")
+  if len(seeds) == 1:
+    run_job(args, seeds[0], args.workdir)
+    return
+  table = seeds_table([seed_results(args, seed) for seed in seeds])
+  print("\n" + table)
+  _write(os.path.join(args.workdir, args.gain_rule, "seeds.md"), table + "\n")
 
 
 if __name__ == "__main__":

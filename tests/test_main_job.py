@@ -49,3 +49,51 @@ def test_main_job_runs_baseline_static_and_adaptive_with_the_guard_on(tmp_path):
   assert "| DATE adaptive, batch grown to 4x | 16 → " in (tmp_path / "results.md").read_text()
   with open(tmp_path / "eval_accuracy.png", "rb") as f:
     assert f.read(4) == b"\x89PNG"
+
+
+def _main_job_module():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  spec = importlib.util.spec_from_file_location("main_job", os.path.join(REPO, "scripts",
+                                                                          "main_job.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _row(run, accuracy, steps, examples, grows=False, batch=512):
+  return {"run": run, "batch": batch, "accuracy": accuracy, "steps": steps,
+          "predicted_steps": None if run == "baseline" else steps, "grows": grows,
+          "examples_vs_baseline": examples, "guard_skipped": 0}
+
+
+def test_several_seeds_give_mean_and_std_and_each_bar_on_the_means(tmp_path):
+  job = _main_job_module()
+  per_seed = [
+      {"seed": 0, "runs": [_row("baseline", 0.96, 1000, 1.0, batch=32),
+                           _row("DATE adaptive 16x", 0.97, 200, 2.0),
+                           _row("DATE adaptive, batch grown to 64x", 0.95, 120, 2.4, True)]},
+      {"seed": 1, "runs": [_row("baseline", 0.98, 1000, 1.0, batch=32),
+                           _row("DATE adaptive 16x", 0.95, 300, 2.2),
+                           _row("DATE adaptive, batch grown to 64x", 0.97, 140, 2.8, True)]},
+  ]
+  table = job.seeds_table(per_seed)
+  # Hand arithmetic: baseline 97% ± 1.41; 16x 96% ± 1.41, 250 ± 71 steps; grown 130 steps.
+  assert "| baseline | 32 | 97.00 ± 1.41% | 1,000 ± 0 |" in table
+  assert "| DATE adaptive 16x | 512 | 96.00 ± 1.41% | 250 ± 71 | 250 | 2.10 | 0 |" in table
+  # 16x: -1.00 point, 0.250 of the steps: at both limits of issue 8's bar.
+  assert ("- DATE adaptive 16x: -1.00 points vs the baseline, 0.250 of its steps, 2.10× its "
+          "examples (bar: ≥ −1.0 point, ≤ 0.250 of the steps): met") in table
+  # Grown: 0.130 > 1/8 of the steps and 2.6x > 2.5x the examples: issue 18's bar is missed.
+  assert ("- DATE adaptive, batch grown to 64x: -1.00 points vs the baseline, 0.130 of its "
+          "steps, 2.60× its examples (bar: ≥ −1.0 point, ≤ 0.125 of the steps, ≤ 2.5× the "
+          "examples): NOT met") in table
+
+
+def test_a_seed_with_results_is_read_not_run_again(tmp_path, monkeypatch):
+  job = _main_job_module()
+  args = type("Args", (), {"workdir": str(tmp_path), "gain_rule": "linear"})()
+  saved = {"seed": 3, "runs": []}
+  (tmp_path / "linear" / "seed3").mkdir(parents=True)
+  (tmp_path / "linear" / "seed3" / "results.json").write_text(json.dumps(saved))
+  monkeypatch.setattr(job, "run_job", lambda *a: pytest.fail("seed 3 ran again"))
+  assert job.seed_results(args, 3) == saved
