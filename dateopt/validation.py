@@ -85,3 +85,17 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str)
 
 def _as_tuple(types):
   return types if isinstance(types, tuple) else (types,)
+
+
+def check_same_length(**sequences: Any) -> None:
+  """Raises ValueError naming each sequence's length when they differ.
+
+  Example:
+    >>> check_same_length(inputs=[1, 2, 3], labels=[0, 1])
+    Traceback (most recent call last):
+    ValueError: inputs (3) and labels (2) differ in length.
+  """
+  lengths = {name: len(value) for name, value in sequences.items()}
+  if len(set(lengths.values())) > 1:
+    shown = " and ".join(f"{name} ({length})" for name, length in lengths.items())
+    raise ValueError(f"{shown} differ in length.")

@@ -12,7 +12,7 @@ from PIL import Image
 simplejpeg = pytest.importorskip("simplejpeg")
 
 from dateopt import models  # noqa: E402
-from dateopt.data import Dataset, get_dataset, image_ops, jpeg  # noqa: E402
+from dateopt.data import ArraySource, Dataset, get_dataset, image_ops, jpeg  # noqa: E402
 from dateopt.data.base import epoch_permutation  # noqa: E402
 from dateopt.train import parallel  # noqa: E402
 from dateopt.train.feed import TrainFeed  # noqa: E402
@@ -249,3 +249,10 @@ def test_fake_images_can_be_uint8_as_the_imagenet_pipeline_sends_them():
   assert get_dataset("fake_images", image_shape=(8, 8, 3)).input_normalization is None
   with pytest.raises(TypeError, match="uint8 must be True or False"):
     get_dataset("fake_images", uint8="yes")
+
+
+def test_records_and_arrays_of_unequal_length_are_refused_naming_both():
+  with pytest.raises(ValueError, match=r"^paths \(2\) and labels \(1\) differ in length\.$"):
+    jpeg.JpegFiles(("a.jpg", "b.jpg"), (0,))
+  with pytest.raises(ValueError, match=r"^inputs \(3\) and labels \(2\) differ in length\.$"):
+    ArraySource(np.zeros((3, 2)), np.zeros(2, np.int32))

@@ -40,7 +40,7 @@ import numpy as np
 
 from dateopt import epochs, extras
 from dateopt.data.augment import ShiftScaleNoise, augment_level
-from dateopt.validation import check_choice, check_range, check_type
+from dateopt.validation import check_choice, check_range, check_same_length, check_type
 
 Batch = dict[str, np.ndarray]
 
@@ -120,9 +120,7 @@ class ArraySource:
   augmentation: ShiftScaleNoise | None = None
 
   def __post_init__(self):
-    if len(self.inputs) != len(self.labels):
-      raise ValueError(f"inputs ({len(self.inputs)}) and labels ({len(self.labels)}) "
-                       "differ in length.")
+    check_same_length(inputs=self.inputs, labels=self.labels)
 
   def __len__(self) -> int:
     return len(self.labels)

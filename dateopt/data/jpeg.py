@@ -47,6 +47,7 @@ from PIL import Image
 from dateopt import extras
 from dateopt.data import image_ops
 from dateopt.data.base import AugmentKey, Batch, example_rng
+from dateopt.validation import check_same_length
 
 Box = tuple[int, int, int, int]  # top, left, height, width in the full image's pixels
 DCT_FACTORS = (1, 2, 4, 8)  # the reductions libjpeg-turbo does for free
@@ -236,9 +237,7 @@ class JpegFiles(Sequence):
   labels: tuple[int, ...]
 
   def __post_init__(self):
-    if len(self.paths) != len(self.labels):
-      raise ValueError(f"paths ({len(self.paths)}) and labels ({len(self.labels)}) differ "
-                       "in length.")
+    check_same_length(paths=self.paths, labels=self.labels)
 
   def __len__(self) -> int:
     return len(self.paths)
