@@ -84,29 +84,37 @@ def make_jpegs(directory: str, count: int, subsampling: str = "420",
   return tuple(paths)
 
 
-def tree_cpu_seconds(pid: int | None = None) -> float:
-  """User + system CPU seconds of a process and all its live descendants (Linux /proc)."""
+def process_tree_stats(pid: int | None = None) -> list[list[str]]:
+  """`/proc/<pid>/stat` fields (after the command name) of a process and its live descendants."""
   pid = os.getpid() if pid is None else pid
-  parents, cpu = {}, {}
-  tick = os.sysconf("SC_CLK_TCK")
+  stats = {}
   for name in os.listdir("/proc"):
     if not name.isdigit():
       continue
     try:
       with open(f"/proc/{name}/stat") as file:
-        fields = file.read().rsplit(")", 1)[1].split()
+        stats[int(name)] = file.read().rsplit(")", 1)[1].split()
     except OSError:  # it exited meanwhile
       continue
-    parents[int(name)] = int(fields[1])
-    cpu[int(name)] = (int(fields[11]) + int(fields[12])) / tick
-  total = 0.0
-  for process, seconds in cpu.items():
-    ancestor = process
-    while ancestor not in (0, 1, pid) and ancestor in parents:
-      ancestor = parents[ancestor]
-    if ancestor == pid:
-      total += seconds
-  return total
+  parents = {process: int(fields[1]) for process, fields in stats.items()}
+
+  def in_tree(process: int) -> bool:
+    while process not in (0, 1, pid) and process in parents:
+      process = parents[process]
+    return process == pid
+
+  return [fields for process, fields in stats.items() if in_tree(process)]
+
+
+def tree_cpu_seconds(pid: int | None = None) -> float:
+  """User + system CPU seconds of a process and all its live descendants (Linux /proc)."""
+  tick = os.sysconf("SC_CLK_TCK")
+  return sum(int(f[11]) + int(f[12]) for f in process_tree_stats(pid)) / tick
+
+
+def tree_rss_bytes(pid: int | None = None) -> float:
+  """Resident bytes of a process and its live descendants (Linux /proc)."""
+  return float(sum(int(f[21]) for f in process_tree_stats(pid)) * os.sysconf("SC_PAGE_SIZE"))
 
 
 def dateopt_batches(paths, batch_size: int, num_workers: int):
@@ -217,29 +225,6 @@ def peak_memory(paths, batch_size: int, num_workers: int, num_batches: int) -> f
   running[0] = False
   sampler.join()
   return peak[0] / 2**30
-
-
-def tree_rss_bytes(pid: int | None = None) -> float:
-  """Resident bytes of a process and its live descendants (Linux /proc)."""
-  pid = os.getpid() if pid is None else pid
-  parents, rss = {}, {}
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/status") as file:
-        fields = dict(line.split(":", 1) for line in file if ":" in line)
-    except OSError:
-      continue
-    parents[int(name)] = int(fields["PPid"])
-    rss[int(name)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
-  total = 0.0
-  for process, size in rss.items():
-    ancestor = process
-    while ancestor not in (0, 1, pid) and ancestor in parents:
-      ancestor = parents[ancestor]
-    total += size if ancestor == pid else 0
-  return total
 
 
 def main():
