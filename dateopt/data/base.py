@@ -275,7 +275,8 @@ class _ExampleChunk:
 def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
   """An array in shared memory, which grain hands to the main process without a copy."""
   try:  # grain's own class (not exported): its workers send it as a name, not as bytes
-    from grain._src.python.ipc.shared_memory_array import SharedMemoryArray  # pylint: disable=g-import-not-at-top
+    # pylint: disable-next=g-import-not-at-top
+    from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
   except ImportError:  # a grain without it copies a plain array into shared memory
     return np.empty(shape, dtype)
   return SharedMemoryArray(shape, dtype)

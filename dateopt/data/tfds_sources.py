@@ -3,8 +3,9 @@
 `tfds.data_source` gives random access to the examples of a prepared dataset
 without TensorFlow. MNIST's are decoded by tfds, and grain threads prepare
 its batches ahead (`base.map_in_order`); ImageNet's JPEGs are read encoded and
-decoded into their crops in worker processes (`dateopt.data.jpeg`). tensorflow-datasets, grain and PIL are imported only
-when one of these datasets is built.
+decoded into their crops in worker processes (`dateopt.data.jpeg`).
+tensorflow-datasets, grain and PIL are imported only when one of these
+datasets is built.
 
 The datasets must already be prepared in the array_record format, once, by
 `python scripts/prepare_data.py mnist --data_dir=DIR` (ImageNet: add
