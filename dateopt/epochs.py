@@ -14,7 +14,7 @@ from dateopt.validation import check_range
 
 
 def steps_per_epoch(
-    num_examples: int, batch_size: int, drop_remainder: bool = True
+    num_examples: int, batch_size: int, *, drop_remainder: bool = True
 ) -> int:
   """Number of optimizer steps in one pass over `num_examples` examples.
 
@@ -25,7 +25,7 @@ def steps_per_epoch(
       as a smaller step (ceil).
 
   Example:
-    >>> steps_per_epoch(1_281_167, 1024), steps_per_epoch(1_281_167, 1024, False)
+    >>> steps_per_epoch(1_281_167, 1024), steps_per_epoch(1_281_167, 1024, drop_remainder=False)
     (1251, 1252)
   """
   check_range("num_examples", num_examples, low=0, low_inclusive=False)
@@ -42,7 +42,7 @@ def steps_per_epoch(
 
 
 def epochs_to_steps(
-    epochs: float, num_examples: int, batch_size: int, drop_remainder: bool = True
+    epochs: float, num_examples: int, batch_size: int, *, drop_remainder: bool = True
 ) -> int:
   """Converts a (possibly fractional) number of epochs to optimizer steps.
 
@@ -55,5 +55,5 @@ def epochs_to_steps(
     391
   """
   check_range("epochs", epochs, low=0.0)
-  per_epoch = steps_per_epoch(num_examples, batch_size, drop_remainder)
+  per_epoch = steps_per_epoch(num_examples, batch_size, drop_remainder=drop_remainder)
   return int(math.floor(float(epochs) * per_epoch + 0.5))

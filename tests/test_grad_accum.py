@@ -57,7 +57,7 @@ def _run_steps(grad_accum_steps: int, optimizer: str):
   for step in range(1, STEPS + 1):
     measure = np.bool_(step == 1)  # both branches of the measured/plain cond, accumulated
     state, step_metrics = step_fn(state, parallel.global_batch(next(batches), exp.mesh),
-                                  np.bool_(True), measure)
+                                  record_statistics=np.bool_(True), measure_noise=measure)
     states.append(parallel.to_host(state))
     metrics.append(parallel.to_host(step_metrics))
   return states, metrics
@@ -117,7 +117,7 @@ def test_batch_norm_statistics_are_the_average_of_the_micro_batches_updates():
   inputs = jax.random.normal(jax.random.key(0), (16, 8, 8, 1))
   variables = model.init(jax.random.key(1), inputs[:1], train=False)
   params, stats = variables["params"], variables["batch_stats"]
-  new_stats = lambda p, batch: apply_model(model, p, stats, batch["x"], train=True)[1]
+  new_stats = lambda p, batch: apply_model(model, p, stats, inputs=batch["x"], train=True)[1]
   accumulated = jax.jit(accumulation.mean_over_microbatches(new_stats, 2))(params, {"x": inputs})
   halves = accumulation.split_microbatches(inputs, 2)
   by_hand = jax.tree.map(lambda a, b: (a + b) / 2, new_stats(params, {"x": halves[0]}),

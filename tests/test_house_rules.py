@@ -114,3 +114,41 @@ def test_no_function_is_longer_than_80_lines_of_code():
 def test_the_trainer_reads_in_one_sitting():
   lines = (PACKAGE / "train" / "trainer.py").read_text().splitlines()
   assert len(lines) <= MAX_TRAINER_LINES
+
+
+MAX_POSITIONAL = 3  # issue 21: keyword-only arguments where a function has more than three
+# Signatures fixed by their caller, not by dateopt.
+FIXED_SIGNATURES = {
+    "train/polish.py:record_input": "flax's method interceptor (next_fun, args, kwargs, context)",
+}
+
+
+def _positional_names(function: ast.FunctionDef) -> list[str]:
+  params = function.args.posonlyargs + function.args.args
+  return [p.arg for p in params if p.arg not in ("self", "cls")]
+
+
+def _too_many_positional(source: str, where: str) -> list[str]:
+  """`where:name` of each public function or method with more than MAX_POSITIONAL."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (not node.name.startswith("_") or node.name == "__init__")
+        and len(_positional_names(node)) > MAX_POSITIONAL):
+      found.append(f"{where}:{node.name}")
+  return found
+
+
+def test_public_functions_take_at_most_three_positional_arguments():
+  found = []
+  for path in PACKAGE.rglob("*.py"):
+    found += _too_many_positional(path.read_text(), str(path.relative_to(PACKAGE)))
+  assert sorted(set(found) - set(FIXED_SIGNATURES)) == []
+
+
+def test_the_positional_check_finds_a_long_signature():
+  source = ("def fine(a, b, c, *, d): pass\n"
+            "def _private(a, b, c, d): pass\n"
+            "class C:\n  def __init__(self, a, b, c, d): pass\n"
+            "def wide(a, b, c, d=1): pass\n")
+  assert sorted(_too_many_positional(source, "m.py")) == ["m.py:__init__", "m.py:wide"]

@@ -16,6 +16,7 @@ from dateopt.data import ArraySource, Dataset, get_dataset, image_ops, jpeg  # n
 from dateopt.data.base import epoch_permutation  # noqa: E402
 from dateopt.train import parallel  # noqa: E402
 from dateopt.train.feed import TrainFeed  # noqa: E402
+import image_reference  # noqa: E402  tests/image_reference.py: the decode-first pipeline
 
 
 def _photo(height, width, seed, blob=8):
@@ -106,7 +107,7 @@ def test_eval_box_is_what_resize_then_center_crop_keeps():
 def test_the_eval_crop_matches_the_array_pipeline_it_replaces(size):
   data = simplejpeg.encode_jpeg(_photo(150, 200, 0, blob=24), quality=95)
   pixels = simplejpeg.decode_jpeg(data, colorspace="RGB")
-  old = image_ops.center_crop(image_ops.resize_shorter_side(
+  old = image_reference.center_crop(image_reference.resize_shorter_side(
       pixels, image_ops.eval_resize_size(size)), size).astype(float)
   new = jpeg.eval_crop(data, size)
   assert new.dtype == np.uint8 and new.shape == (size, size, 3)
@@ -215,7 +216,7 @@ def test_the_model_normalises_uint8_images_as_the_host_used_to():
   on_host = models.create_model("resnet_tiny")
   pixels = np.random.default_rng(0).integers(0, 256, (2, 8, 8, 3), dtype=np.uint8)
   variables = on_host.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)))
-  expected = on_host.apply(variables, image_ops.normalize(pixels))
+  expected = on_host.apply(variables, image_reference.normalize(pixels))
   np.testing.assert_allclose(on_device.apply(variables, pixels), expected, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match="input_normalization"):
     models.create_model("resnet_tiny", input_normalization=((1.0,), (0.0,)))

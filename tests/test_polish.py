@@ -60,7 +60,7 @@ def test_polished_statistics_are_the_exact_moments_of_each_layers_inputs(group_s
   batches = _batches()
   state = _state(model, batches[0]["inputs"])
   mesh = parallel.make_mesh()  # 8 simulated devices
-  polished = polish.polish_batch_stats(model, state, batches, mesh)
+  polished = polish.polish_batch_stats(model, state, batches, mesh=mesh)
 
   # Independent arithmetic: bn1 sees the dense outputs; bn2 sees relu(bn1 in training mode),
   # bn1 normalising each batch (or each group of `group_size` rows) with its own moments.
@@ -79,7 +79,7 @@ def test_precise_bn_leaves_the_weights_bit_identical():
   model = TwoBatchNorms()
   batches = _batches()
   state = _state(model, batches[0]["inputs"])
-  polished = polish.polish_batch_stats(model, state, batches, parallel.make_mesh())
+  polished = polish.polish_batch_stats(model, state, batches, mesh=parallel.make_mesh())
   for before, after in zip(jax.tree.leaves((state.params, state.opt_state, state.step)),
                            jax.tree.leaves((polished.params, polished.opt_state, polished.step))):
     np.testing.assert_array_equal(np.asarray(before), np.asarray(after))
@@ -91,8 +91,9 @@ def test_one_device_and_eight_devices_polish_alike():
   inputs = np.random.default_rng(1).standard_normal((3, 32, 40, 1)).astype(np.float32)
   batches = [{"inputs": x} for x in inputs]
   state = _state(model, inputs[0])
-  one = polish.polish_batch_stats(model, state, batches, parallel.make_mesh(jax.devices()[:1]))
-  eight = polish.polish_batch_stats(model, state, batches, parallel.make_mesh())
+  one = polish.polish_batch_stats(model, state, batches,
+                                  mesh=parallel.make_mesh(jax.devices()[:1]))
+  eight = polish.polish_batch_stats(model, state, batches, mesh=parallel.make_mesh())
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                one.batch_stats, eight.batch_stats)
 
@@ -107,7 +108,7 @@ def test_a_model_without_batch_norm_is_returned_unchanged():
   model = NoBatchNorm()
   batches = _batches(1)
   state = _state(model, batches[0]["inputs"])
-  assert polish.polish_batch_stats(model, state, batches, parallel.make_mesh()) is state
+  assert polish.polish_batch_stats(model, state, batches, mesh=parallel.make_mesh()) is state
 
 
 def test_weak_augmentation_is_a_quarter_of_the_full_one():

@@ -11,6 +11,7 @@ import pytest
 from dateopt import date, epochs, schedules
 
 IMAGENET = 1_281_167
+AT_1024 = {"num_examples": IMAGENET, "batch_size": 1024}  # ImageNet epochs at batch 1024
 
 
 # ---- scaling rules ---------------------------------------------------------
@@ -19,16 +20,16 @@ IMAGENET = 1_281_167
 @pytest.mark.parametrize("rule, expected", [("linear", 3.2), ("sqrt", 0.1 * math.sqrt(32)),
                                             ("none", 0.1)])
 def test_scale_learning_rate(rule, expected):
-  assert schedules.scale_learning_rate(0.1, 256, 8192, rule) == pytest.approx(expected)
+  assert schedules.scale_learning_rate(0.1, 256, 8192, rule=rule) == pytest.approx(expected)
 
 
 def test_scale_learning_rate_bad_input_names_the_field():
   with pytest.raises(ValueError, match="rule"):
-    schedules.scale_learning_rate(0.1, 256, 512, "cubic")
+    schedules.scale_learning_rate(0.1, 256, 512, rule="cubic")
   with pytest.raises(ValueError, match="batch_size"):
-    schedules.scale_learning_rate(0.1, 256, 0, "linear")
+    schedules.scale_learning_rate(0.1, 256, 0, rule="linear")
   with pytest.raises(ValueError, match="base_batch_size"):
-    schedules.scale_learning_rate(0.1, -1, 256, "linear")
+    schedules.scale_learning_rate(0.1, -1, 256, rule="linear")
 
 
 # ---- epochs and steps ------------------------------------------------------
@@ -97,7 +98,7 @@ def _evaluate(schedule, steps):
 @pytest.mark.parametrize("init", [0.0, 0.5])
 def test_every_decay_against_hand_arithmetic(decay, init):
   peak, warmup, total = 4.0, 200, 1000
-  s = schedules.warmup_decay_schedule(peak, warmup, total, decay, init_value=init,
+  s = schedules.warmup_decay_schedule(peak, warmup, total, decay=decay, init_value=init,
                                       **DECAY_ARGS[decay])
   steps = np.concatenate([np.arange(0, total + 50, 7), [warmup - 1, warmup, total]])
   want = [_reference(int(t), decay, peak, warmup, total, init,
@@ -110,7 +111,7 @@ def test_every_decay_against_hand_arithmetic(decay, init):
 def test_no_warmup_starts_at_the_peak(decay):
   kwargs = {**DECAY_ARGS[decay], "boundaries": (0, 250)} if decay == "multistep" else (
       DECAY_ARGS[decay])
-  s = schedules.warmup_decay_schedule(2.0, 0, 500, decay, **kwargs)
+  s = schedules.warmup_decay_schedule(2.0, 0, 500, decay=decay, **kwargs)
   steps = np.arange(0, 520, 13)
   want = [_reference(int(t), decay, 2.0, 0, 500, **_reference_kwargs(kwargs))
           for t in steps]
@@ -121,7 +122,7 @@ def test_no_warmup_starts_at_the_peak(decay):
 def test_exponential_staircase_and_floor():
   kwargs = {"decay_rate": 0.5, "transition_steps": 10, "staircase": True,
             "end_value": 0.1}
-  s = schedules.warmup_decay_schedule(1.0, 5, 100, "exponential", **kwargs)
+  s = schedules.warmup_decay_schedule(1.0, 5, 100, decay="exponential", **kwargs)
   # Staircase: 1.0 for 10 steps after the warmup, then 0.5, ...; floored at 0.1.
   assert [float(s(t)) for t in (14, 15, 24, 25, 99)] == pytest.approx(
       [1.0, 0.5, 0.5, 0.25, 0.1])
@@ -133,13 +134,13 @@ def test_exponential_staircase_and_floor():
 
 def test_exponential_without_decay_stays_at_the_peak():
   # decay_rate = 1 keeps the peak; end_value stays a floor, never a ceiling.
-  s = schedules.warmup_decay_schedule(1.0, 10, 100, "exponential", decay_rate=1.0,
+  s = schedules.warmup_decay_schedule(1.0, 10, 100, decay="exponential", decay_rate=1.0,
                                       end_value=0.1)
   assert [float(s(t)) for t in (10, 50, 99)] == pytest.approx([1.0, 1.0, 1.0])
 
 
 def test_repeated_multistep_boundaries_multiply():
-  s = schedules.warmup_decay_schedule(1.0, 10, 100, "multistep",
+  s = schedules.warmup_decay_schedule(1.0, 10, 100, decay="multistep",
                                       boundaries=(40, 40, 70), decay_rate=0.5)
   assert [float(s(t)) for t in (39, 40, 69, 70)] == pytest.approx(
       [1.0, 0.25, 0.25, 0.125])
@@ -169,7 +170,7 @@ def test_warmup_polynomial_decay_is_the_mlperf_formula():
 @pytest.mark.parametrize("init", [0.0, 0.5])
 def test_continuous_at_the_warmup_boundary(decay, init):
   peak, warmup, total = 4.0, 200, 1000
-  s = schedules.warmup_decay_schedule(peak, warmup, total, decay,
+  s = schedules.warmup_decay_schedule(peak, warmup, total, decay=decay,
                                       init_value=init, **DECAY_ARGS[decay])
   before, at, after = float(s(warmup - 1)), float(s(warmup)), float(s(warmup + 1))
   ramp_step = (peak - init) / warmup
@@ -180,7 +181,7 @@ def test_continuous_at_the_warmup_boundary(decay, init):
 
 @pytest.mark.parametrize("decay", schedules.DECAYS)
 def test_schedules_are_jit_safe(decay):
-  s = schedules.warmup_decay_schedule(1.0, 100, 1000, decay, **DECAY_ARGS[decay])
+  s = schedules.warmup_decay_schedule(1.0, 100, 1000, decay=decay, **DECAY_ARGS[decay])
   steps = jnp.arange(0, 1000, 37)
   eager = np.array([float(s(int(t))) for t in steps])
   np.testing.assert_allclose(_evaluate(s, steps), eager, rtol=1e-5, atol=1e-7)
@@ -190,7 +191,7 @@ def test_schedules_are_jit_safe(decay):
 
 
 def test_epoch_schedule_places_milestones_at_epochs():
-  s = schedules.epoch_schedule(0.4, 5, 90, IMAGENET, 1024, "multistep",
+  s = schedules.epoch_schedule(0.4, 5, 90, **AT_1024, decay="multistep",
                                decay_epochs=(30, 60, 80))
   per_epoch = 1251
   assert float(s(5 * per_epoch // 2)) == pytest.approx(0.2, rel=1e-3)  # mid-warmup
@@ -204,9 +205,9 @@ def test_epoch_schedule_converts_every_length_with_epochs_to_steps(decay):
   # 100,000 examples at batch 300 (333.3 steps, 333 kept): 2.25 warmup epochs
   # (749.25 steps), 12 epochs, exponential period 1.25 epochs (416.25 steps).
   warmup, total, period = 749, 12 * 333, 416
-  s = schedules.epoch_schedule(0.8, 2.25, 12, 100_000, 300, decay, init_value=0.01,
-                               power=1.5, end_value=0.02, decay_rate=0.7,
-                               decay_every_epochs=1.25, staircase=True)
+  s = schedules.epoch_schedule(0.8, 2.25, 12, num_examples=100_000, batch_size=300,
+                               decay=decay, init_value=0.01, power=1.5, end_value=0.02,
+                               decay_rate=0.7, decay_every_epochs=1.25, staircase=True)
   steps = np.arange(0, total + 1, 11)
   want = [_reference(int(t), decay, 0.8, warmup, total, 0.01, power=1.5, end=0.02,
                      rate=0.7, period=period, staircase=True) for t in steps]
@@ -215,9 +216,9 @@ def test_epoch_schedule_converts_every_length_with_epochs_to_steps(decay):
 
 def test_epoch_schedule_keeps_the_last_partial_batch_when_asked():
   # 1000 examples at batch 300: 3 steps per epoch dropping, 4 keeping.
-  dropped = schedules.epoch_schedule(1.0, 1, 10, 1000, 300, "constant")
-  kept = schedules.epoch_schedule(1.0, 1, 10, 1000, 300, "constant",
-                                  drop_remainder=False)
+  small = {"num_examples": 1000, "batch_size": 300, "decay": "constant"}
+  dropped = schedules.epoch_schedule(1.0, 1, 10, **small)
+  kept = schedules.epoch_schedule(1.0, 1, 10, **small, drop_remainder=False)
   assert float(dropped(3)) == pytest.approx(1.0)
   assert float(kept(3)) == pytest.approx(0.75)
 
@@ -251,27 +252,28 @@ def test_legw_warmup_steps_are_the_same_for_every_k():
 
 @pytest.mark.parametrize("field, build", [
     ("total_steps", lambda: schedules.warmup_decay_schedule(1.0, 0, 0)),
-    ("warmup_steps", lambda: schedules.warmup_decay_schedule(1.0, 100, 100, "cosine")),
+    ("warmup_steps", lambda: schedules.warmup_decay_schedule(1.0, 100, 100, decay="cosine")),
     ("warmup_steps", lambda: schedules.warmup_decay_schedule(1.0, -1, 100)),
-    ("decay", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "linear-ish")),
+    ("decay", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, decay="linear-ish")),
     (r"boundaries\[0\]", lambda: schedules.warmup_decay_schedule(
-        1.0, 10, 100, "multistep", boundaries=(5,))),
-    ("power", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "polynomial",
+        1.0, 10, 100, decay="multistep", boundaries=(5,))),
+    ("power", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, decay="polynomial",
                                                       power=0.0)),
-    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "exponential",
+    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, decay="exponential",
                                                            decay_rate=1.5)),
-    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, "multistep",
+    ("decay_rate", lambda: schedules.warmup_decay_schedule(1.0, 10, 100, decay="multistep",
                                                            decay_rate=0.0)),
     ("transition_steps", lambda: schedules.warmup_decay_schedule(
-        1.0, 10, 100, "exponential", transition_steps=0)),
+        1.0, 10, 100, decay="exponential", transition_steps=0)),
     ("power", lambda: schedules.warmup_polynomial_decay(1.0, 10, 100, power=-1.0)),
-    ("warmup_epochs", lambda: schedules.epoch_schedule(1.0, 90, 90, IMAGENET, 1024)),
-    ("num_epochs", lambda: schedules.epoch_schedule(1.0, 0, 0, IMAGENET, 1024)),
+    ("warmup_epochs", lambda: schedules.epoch_schedule(1.0, 90, 90, **AT_1024)),
+    ("num_epochs", lambda: schedules.epoch_schedule(1.0, 0, 0, **AT_1024)),
     (r"decay_epochs\[1\]", lambda: schedules.epoch_schedule(
-        1.0, 5, 90, IMAGENET, 1024, "multistep", decay_epochs=(30, 95))),
+        1.0, 5, 90, **AT_1024, decay="multistep", decay_epochs=(30, 95))),
     ("decay_every_epochs", lambda: schedules.epoch_schedule(
-        1.0, 5, 90, IMAGENET, 1024, "exponential", decay_every_epochs=-1.0)),
-    ("batch_size", lambda: schedules.epoch_schedule(1.0, 5, 90, IMAGENET, 0)),
+        1.0, 5, 90, **AT_1024, decay="exponential", decay_every_epochs=-1.0)),
+    ("batch_size", lambda: schedules.epoch_schedule(1.0, 5, 90, num_examples=IMAGENET,
+                                                    batch_size=0)),
     ("batch_size", lambda: schedules.legw_warmup_epochs(1.0, 1024, 0)),
 ])
 def test_bad_schedule_arguments_name_the_field(field, build):
@@ -287,10 +289,10 @@ def test_docstring_examples(module):
 
 def test_an_end_value_above_the_peak_is_refused():
   with pytest.raises(ValueError, match=r"end_value must be in \[0, 0.1\]"):
-    schedules.warmup_decay_schedule(0.1, 10, 100, "cosine", end_value=50.0)
+    schedules.warmup_decay_schedule(0.1, 10, 100, decay="cosine", end_value=50.0)
   with pytest.raises(ValueError, match="end_value"):
     date.Recipe(batch_size=32, num_examples=8000, num_epochs=3, learning_rate=0.1,
                 decay="polynomial", end_value=0.5)
   # Equal to the peak is a constant tail, not a climb.
-  assert float(schedules.warmup_decay_schedule(0.1, 10, 100, "cosine", end_value=0.1)(50)) == (
-      pytest.approx(0.1))
+  flat = schedules.warmup_decay_schedule(0.1, 10, 100, decay="cosine", end_value=0.1)
+  assert float(flat(50)) == pytest.approx(0.1)

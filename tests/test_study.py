@@ -72,7 +72,7 @@ def test_cell_configs_change_only_what_the_strategy_changes():
   assert recipe.adaptive and recipe.base_batch_size == 8
   assert adaptive.plan.noise_scale == 50.0
   assert date.plan_predicted_steps(recipe, 50.0) == date.predicted_steps(
-      50.0, 8, 32, 400, recipe.warmup_steps)
+      50.0, base_batch_size=8, batch_size=32, base_steps=400, warmup_steps=recipe.warmup_steps)
 
 
 def test_effective_noise_scale_and_the_law_by_hand():
@@ -84,8 +84,8 @@ def test_effective_noise_scale_and_the_law_by_hand():
   assert date.adascale_gain(study.effective_noise_scale(values, 32, 512), 32, 512) == (
       pytest.approx(harmonic, rel=1e-9))
   # S(B) = S0 (1 + Bn/B)/(1 + Bn/B0): 1000 (1 + 100/1000)/(1 + 100/10) = 100.
-  assert date.law_steps(1000, 100.0, 10, 1000) == pytest.approx(100.0)
-  assert date.law_steps(1000, 100.0, 10, 10) == pytest.approx(1000.0)
+  assert date.law_steps(1000, 100.0, base_batch_size=10, batch_size=1000) == pytest.approx(100.0)
+  assert date.law_steps(1000, 100.0, base_batch_size=10, batch_size=10) == pytest.approx(1000.0)
 
 
 def _row(strategy, k, seed, accuracy, steps, curve, noise=()):

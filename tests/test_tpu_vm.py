@@ -152,7 +152,7 @@ def test_unpack_replaces_the_tree_and_keeps_the_venv(tmp_path):
 def test_a_dry_run_packs_nothing(tmp_path):
   tarball = tmp_path / "t.tar.gz"
   runner = tpu_vm.Runner(dry_run=True)
-  tpu_vm.copy(runner, tpu_vm.Target("t", "z"), str(tarball), tmp_path / "missing")
+  tpu_vm.copy(runner, tpu_vm.Target("t", "z"), str(tarball), source_root=tmp_path / "missing")
   assert not tarball.exists()
   with pytest.raises(tpu_vm.TpuVmError, match="not a directory"):
     tpu_vm.write_source_tarball(tmp_path / "missing", str(tarball))
@@ -290,8 +290,8 @@ def _watch(fake, queued=False, **kwargs):
   spec = tpu_vm.SliceSpec("v4-32", "tpu-ubuntu2204-base", spot=True)
   job = tpu_vm.TrainJob("configs/x.py", "gs://b/r")
   sleeps = []
-  reason = tpu_vm.watch(tpu_vm.Runner(False, fake), target, spec, job, "/tmp/src.tar.gz",
-                        sleep=sleeps.append, poll_seconds=60, **kwargs)
+  reason = tpu_vm.watch(tpu_vm.Runner(False, fake), target, spec, job=job,
+                        tarball="/tmp/src.tar.gz", sleep=sleeps.append, poll_seconds=60, **kwargs)
   return reason, sleeps, target, spec, job
 
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from dateopt import train
+from dateopt import date, train
 
 import conftest  # tests/conftest.py: the XLA flags the subprocesses need too
 import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
@@ -236,7 +236,6 @@ def test_two_processes_equal_one_process(tmp_path):
 def test_logged_learning_rate_is_the_one_the_guarded_optimizer_applies():
   import jax.numpy as jnp
   import optax
-  from dateopt import date
   from dateopt.train import steps
   schedule = optax.linear_schedule(0.0, 1.0, 10)
   tx = date.divergence_guard(optax.inject_hyperparams(optax.sgd)(learning_rate=schedule))
@@ -266,7 +265,9 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   baseline_steps = result.baseline.total_steps           # 2 epochs of 960 at batch 16
   assert result.recipe.adaptive and baseline_steps == 120
   assert baseline_steps // 4 <= result.steps < baseline_steps   # 1 ≤ gain ≤ k = 4
-  assert result.predicted_steps == date_predicted(50.0, 16, 64, 120, result.recipe.warmup_steps)
+  assert result.predicted_steps == date.predicted_steps(
+      50.0, base_batch_size=16, batch_size=64, base_steps=120,
+      warmup_steps=result.recipe.warmup_steps)
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   progress = [r["train/date/progress"] for r in rows if "train/date/progress" in r]
   assert progress[-1] >= baseline_steps > progress[-2]     # stopped at the crossing step
@@ -310,11 +311,6 @@ def test_an_adaptive_run_writes_nothing_past_its_end(tmp_path):
   assert saved[-1] == result.steps
 
 
-def date_predicted(*args):
-  from dateopt import date
-  return date.predicted_steps(*args)
-
-
 def test_train_step_static_measure_flag_and_covered_progress():
   """The trainer's step: a Python `measure_noise` flag computes what a traced one does; once
   the progress covers the baseline's steps, the step changes nothing."""
@@ -332,18 +328,18 @@ def test_train_step_static_measure_flag_and_covered_progress():
   step = functools.partial(steps.train_step, model=exp.model, tx=tx,
                            num_classes=exp.dataset.num_classes, seed=0,
                            grad_groups=4, recipe=exp.recipe)
-  static = jax.jit(step, static_argnums=3)
+  static = jax.jit(step, static_argnames="measure_noise")
   traced = jax.jit(step)
   for flag in (True, False):
-    want_state, want_metrics = traced(state, batch, None, jnp.asarray(flag))
-    got_state, got_metrics = static(state, batch, None, flag)
+    want_state, want_metrics = traced(state, batch, measure_noise=jnp.asarray(flag))
+    got_state, got_metrics = static(state, batch, measure_noise=flag)
     close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)  # fusion bits
     jax.tree.map(close, got_state, want_state)
     jax.tree.map(close, got_metrics, want_metrics)
   assert float(got_metrics["date/progress"]) > 0
   covered = state.replace(opt_state=optax.tree.set(
       state.opt_state, progress=jnp.float32(exp.recipe.total_steps)))
-  idle_state, idle_metrics = static(covered, batch, None, True)
+  idle_state, idle_metrics = static(covered, batch, measure_noise=True)
   jax.tree.map(np.testing.assert_array_equal, idle_state, covered)
   assert np.isnan(float(idle_metrics["loss"]))
   assert float(idle_metrics["date/progress"]) == exp.recipe.total_steps

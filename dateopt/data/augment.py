@@ -61,7 +61,7 @@ class ShiftScaleNoise:
   noise_std: float = 0.0
 
   def __post_init__(self):
-    check_type("augment_shift", self.max_shift, int, "a non-negative int")
+    check_type("augment_shift", self.max_shift, int, what="a non-negative int")
     check_range("augment_shift", self.max_shift, low=0)
     check_range("augment_scale", self.scale, low=0.0, high=1.0, high_inclusive=False)
     check_range("augment_noise", self.noise_std, low=0.0)

@@ -167,11 +167,11 @@ def process_rows(global_batch_size: int, process_index: int = 0,
     >>> process_rows(8, process_index=1, process_count=2)
     slice(4, 8, None)
   """
-  check_type("global_batch_size", global_batch_size, int, "a positive int")
+  check_type("global_batch_size", global_batch_size, int, what="a positive int")
   check_range("global_batch_size", global_batch_size, low=1)
-  check_type("process_count", process_count, int, "a positive int")
+  check_type("process_count", process_count, int, what="a positive int")
   check_range("process_count", process_count, low=1)
-  check_type("process_index", process_index, int, "an int in [0, process_count)")
+  check_type("process_index", process_index, int, what="an int in [0, process_count)")
   check_range("process_index", process_index, low=0, high=process_count, high_inclusive=False)
   if global_batch_size % process_count:
     raise ValueError(f"global_batch_size ({global_batch_size}) must be a multiple of "
@@ -180,7 +180,7 @@ def process_rows(global_batch_size: int, process_index: int = 0,
   return slice(process_index * local, (process_index + 1) * local)
 
 
-def map_in_order(fn: Callable[[int], Batch], start: int, stop: int | None,
+def map_in_order(fn: Callable[[int], Batch], start: int, stop: int | None, *,
                  num_threads: int) -> Iterator[Batch]:
   """Yields fn(start), fn(start + 1), ... (up to `stop`, or forever), in order.
 
@@ -409,9 +409,9 @@ class Dataset:
   def __post_init__(self):
     check_choice("task", self.task, TASKS)
     for name in ("num_threads", "num_workers"):
-      check_type(name, getattr(self, name), int, "a non-negative int")
+      check_type(name, getattr(self, name), int, what="a non-negative int")
       check_range(name, getattr(self, name), low=0)
-    check_type("prefetch_examples", self.prefetch_examples, int, "a positive int")
+    check_type("prefetch_examples", self.prefetch_examples, int, what="a positive int")
     check_range("prefetch_examples", self.prefetch_examples, low=1)
 
   def _in_workers(self, source: ExampleSource) -> bool:
@@ -435,7 +435,7 @@ class Dataset:
     Raises:
       ValueError: if the batch is larger than the training set.
     """
-    check_type("global_batch_size", global_batch_size, int, "a positive int")
+    check_type("global_batch_size", global_batch_size, int, what="a positive int")
     check_range("global_batch_size", global_batch_size, low=1)
     if global_batch_size > self.num_train_examples:
       raise ValueError(f"global_batch_size ({global_batch_size}) exceeds the "
@@ -487,7 +487,7 @@ class Dataset:
     process_rows(global_batch_size, process_index, process_count)
     self.steps_per_epoch(global_batch_size)
     if num_steps is not None:
-      check_type("num_steps", num_steps, int, "a non-negative int or None")
+      check_type("num_steps", num_steps, int, what="a non-negative int or None")
       check_range("num_steps", num_steps, low=0)
     if self._in_workers(self.train_source):
       return self._map_in_workers(ExampleAt(
@@ -498,7 +498,7 @@ class Dataset:
                                    seed=seed, process_index=process_index,
                                    process_count=process_count, augment=augment)
     stop = None if num_steps is None else start_step + num_steps
-    return map_in_order(make_batch, start_step, stop, self.num_threads)
+    return map_in_order(make_batch, start_step, stop, num_threads=self.num_threads)
 
   def stream_batch(self, position: int, global_batch_size: int, *, seed: int,
                    process_index: int = 0, process_count: int = 1,
@@ -551,11 +551,11 @@ class Dataset:
     make_batch = lambda i: self.stream_batch(
         start_position + i * global_batch_size, global_batch_size, seed=seed,
         process_index=process_index, process_count=process_count, augment=augment)
-    return map_in_order(make_batch, 0, None, self.num_threads)
+    return map_in_order(make_batch, 0, None, num_threads=self.num_threads)
 
   def num_eval_batches(self, global_batch_size: int) -> int:
     """Global eval batches needed to cover every eval example once (last one padded)."""
-    check_type("global_batch_size", global_batch_size, int, "a positive int")
+    check_type("global_batch_size", global_batch_size, int, what="a positive int")
     check_range("global_batch_size", global_batch_size, low=1)
     return -(-self.num_eval_examples // global_batch_size)
 
@@ -574,7 +574,8 @@ class Dataset:
           process_count), self.num_eval_batches(global_batch_size))
     make_batch = functools.partial(self._eval_batch_at, global_batch_size=global_batch_size,
                                    process_index=process_index, process_count=process_count)
-    return map_in_order(make_batch, 0, self.num_eval_batches(global_batch_size), self.num_threads)
+    return map_in_order(make_batch, 0, self.num_eval_batches(global_batch_size),
+                        num_threads=self.num_threads)
 
   def _train_batch_at(self, step: int, **kwargs) -> Batch:
     return self.train_batch(step, **kwargs)
@@ -591,7 +592,7 @@ class Dataset:
 
   @staticmethod
   def _check_seed_and_step(seed: int, step: int) -> None:
-    check_type("seed", seed, (int, np.integer), "a non-negative int")
+    check_type("seed", seed, (int, np.integer), what="a non-negative int")
     check_range("seed", seed, low=0)
-    check_type("step", step, (int, np.integer), "a non-negative int")
+    check_type("step", step, (int, np.integer), what="a non-negative int")
     check_range("step", step, low=0)

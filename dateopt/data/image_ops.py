@@ -1,14 +1,21 @@
-"""Per-example image preprocessing in numpy + PIL (no TensorFlow).
+"""The ImageNet recipe's numbers and random draws (no TensorFlow, no image library).
 
 The standard ImageNet recipe of the large-batch papers (Goyal et al. 2017,
 the MLPerf ResNet-50 reference): training images get an Inception-style
 random-resized crop (Szegedy et al. 2015) and a random horizontal flip;
 evaluation images are resized so the shorter side is 256 (for 224 crops) and
-center-cropped. Both are then normalised with the ImageNet mean and std.
+center-cropped. Both are then normalised with the ImageNet mean and std, on
+the device (`Dataset.input_normalization`).
 
-Every random op takes a `numpy.random.Generator`, so a pipeline can derive one
-per example from (seed, epoch, example index) and stay reproducible under
-random access.
+This module holds the draws and the sizes; `dateopt.data.jpeg` applies them
+while decoding. Every random op takes a `numpy.random.Generator`, so a
+pipeline can derive one per example from (seed, epoch, example index) and
+stay reproducible under random access.
+
+Example:
+  >>> top, left, height, width = sample_inception_crop(375, 500, np.random.default_rng(0))
+  >>> eval_resize_size(224)
+  256
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from PIL import Image
 
 # ImageNet channel statistics, in the 0-255 pixel scale.
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255.0
@@ -72,31 +78,6 @@ def _center_fallback_box(height: int, width: int,
   return (height - crop_height) // 2, (width - crop_width) // 2, crop_height, crop_width
 
 
-def crop_and_resize(image: np.ndarray, box: tuple[int, int, int, int], size: int) -> np.ndarray:
-  """Crops `box` (top, left, height, width) from a uint8 HWC image and resizes it to size x size.
-
-  Bilinear (antialiased) resampling with PIL, which crops and resizes in one pass.
-
-  Example:
-    >>> patch = crop_and_resize(np.zeros((50, 60, 3), np.uint8), (5, 5, 40, 40), 32)
-  """
-  top, left, crop_height, crop_width = box
-  pil = Image.fromarray(_squeeze_gray(image))
-  pil = pil.resize((size, size), Image.BILINEAR,
-                   box=(left, top, left + crop_width, top + crop_height))
-  return _restore_channels(np.asarray(pil), image)
-
-
-def inception_crop(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-  """Random-resized crop to size x size (the training crop of Szegedy et al. 2015).
-
-  Example:
-    >>> patch = inception_crop(np.zeros((375, 500, 3), np.uint8), 224, np.random.default_rng(0))
-  """
-  box = sample_inception_crop(image.shape[0], image.shape[1], rng)
-  return crop_and_resize(image, box, size)
-
-
 def random_flip_left_right(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
   """Mirrors the image horizontally with probability 1/2.
 
@@ -106,89 +87,6 @@ def random_flip_left_right(image: np.ndarray, rng: np.random.Generator) -> np.nd
   return image[:, ::-1] if rng.random() < 0.5 else image
 
 
-def resize_shorter_side(image: np.ndarray, shorter_side: int) -> np.ndarray:
-  """Resizes so that min(height, width) == shorter_side, keeping the aspect ratio.
-
-  Example:
-    >>> resize_shorter_side(np.zeros((300, 400, 3), np.uint8), 256).shape
-    (256, 341, 3)
-  """
-  height, width = image.shape[:2]
-  scale = shorter_side / min(height, width)
-  new_height = max(shorter_side, int(round(height * scale)))
-  new_width = max(shorter_side, int(round(width * scale)))
-  pil = Image.fromarray(_squeeze_gray(image)).resize((new_width, new_height), Image.BILINEAR)
-  return _restore_channels(np.asarray(pil), image)
-
-
-def center_crop(image: np.ndarray, size: int) -> np.ndarray:
-  """The central size x size patch of an image at least that large.
-
-  Example:
-    >>> center_crop(np.zeros((256, 341, 3), np.uint8), 224).shape
-    (224, 224, 3)
-  """
-  height, width = image.shape[:2]
-  if height < size or width < size:
-    raise ValueError(f"center_crop needs an image of at least {size}x{size}; got {height}x{width}.")
-  top, left = (height - size) // 2, (width - size) // 2
-  return image[top:top + size, left:left + size]
-
-
-def normalize(image: np.ndarray, mean: np.ndarray = IMAGENET_MEAN,
-              std: np.ndarray = IMAGENET_STD) -> np.ndarray:
-  """(image - mean) / std per channel, as float32; mean and std in the 0-255 scale.
-
-  Example:
-    >>> normalize(np.full((2, 2, 3), 255, np.uint8)).dtype
-    dtype('float32')
-  """
-  return (image.astype(np.float32) - mean) / std
-
-
 def eval_resize_size(image_size: int) -> int:
   """Shorter side before the eval center crop: 256 for 224, same ratio otherwise."""
   return int(round(image_size * 256 / 224))
-
-
-def preprocess_train_image(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-  """Training preprocessing: inception crop, random flip, normalisation.
-
-  Example:
-    >>> x = preprocess_train_image(np.zeros((375, 500, 3), np.uint8), 224,
-    ...                            np.random.default_rng(0))
-  """
-  return normalize(random_flip_left_right(inception_crop(image, size, rng), rng))
-
-
-def preprocess_weak_image(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-  """Weak augmentation: the evaluation resize and center crop, then a random flip.
-
-  For batch-norm statistics from weakly augmented images (Merchant, Zoph &
-  Cubuk 2020), between the training and the evaluation preprocessing.
-
-  Example:
-    >>> x = preprocess_weak_image(np.zeros((375, 500, 3), np.uint8), 224,
-    ...                           np.random.default_rng(0))
-  """
-  cropped = center_crop(resize_shorter_side(image, eval_resize_size(size)), size)
-  return normalize(random_flip_left_right(cropped, rng))
-
-
-def preprocess_eval_image(image: np.ndarray, size: int) -> np.ndarray:
-  """Evaluation preprocessing: resize the shorter side, center crop, normalisation.
-
-  Example:
-    >>> preprocess_eval_image(np.zeros((375, 500, 3), np.uint8), 224).shape
-    (224, 224, 3)
-  """
-  return normalize(center_crop(resize_shorter_side(image, eval_resize_size(size)), size))
-
-
-def _squeeze_gray(image: np.ndarray) -> np.ndarray:
-  # PIL wants (H, W) for one channel.
-  return image[..., 0] if image.ndim == 3 and image.shape[-1] == 1 else image
-
-
-def _restore_channels(result: np.ndarray, original: np.ndarray) -> np.ndarray:
-  return result[..., None] if original.ndim == 3 and result.ndim == 2 else result

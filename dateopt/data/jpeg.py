@@ -133,7 +133,7 @@ def _decode_at_least(data: bytes, min_height: int, min_width: int) -> np.ndarray
 def eval_box(height: int, width: int, size: int) -> Box:
   """The evaluation crop in the full image: what "shorter side to 256, center 224" keeps.
 
-  The same pixels `image_ops.preprocess_eval_image` keeps, with its rounding
+  The same pixels a decode-first pipeline keeps (tests/image_reference.py), with its rounding
   (the resized sides and the crop's offset are whole pixels there), mapped
   back to the full image.
 

@@ -114,9 +114,9 @@ def build_mnist1d(*, data_dir: str | None = None, num_samples: int = MNIST1D_DEF
   Example:
     >>> ds = build_mnist1d(num_samples=5000, augment_shift=4, augment_noise=0.2)
   """
-  check_type("num_samples", num_samples, int, "an int >= 20")
+  check_type("num_samples", num_samples, int, what="an int >= 20")
   check_range("num_samples", num_samples, low=20)
-  check_type("seed", seed, int, "a non-negative int")
+  check_type("seed", seed, int, what="a non-negative int")
   check_range("seed", seed, low=0)
   if data_dir is not None and cache_dir is not None and Path(data_dir) != Path(cache_dir):
     raise ValueError(f"mnist1d: data_dir ({data_dir}) and cache_dir ({cache_dir}) name the "
@@ -153,7 +153,7 @@ def build_digits(*, data_dir: str | None = None, seed: int = 0, test_fraction: f
   load_digits = extras.require("sklearn.datasets", extra="data").load_digits
   train_test_split = extras.require("sklearn.model_selection", extra="data").train_test_split
 
-  check_type("seed", seed, int, "a non-negative int")
+  check_type("seed", seed, int, what="a non-negative int")
   check_range("seed", seed, low=0)
   check_range("test_fraction", test_fraction, low=0.0, high=1.0, low_inclusive=False,
               high_inclusive=False)
@@ -176,7 +176,7 @@ class FakeImageSource:
   standard normal float32, or uniform uint8 pixels with `uint8`.
   """
 
-  def __init__(self, num_examples: int, image_shape: tuple[int, ...], num_classes: int,
+  def __init__(self, num_examples: int, image_shape: tuple[int, ...], num_classes: int, *,
                pool_size: int, seed: int, uint8: bool = False):
     self._num_examples = num_examples
     self._num_classes = num_classes
@@ -214,14 +214,14 @@ def build_fake_images(*, data_dir: str | None = None,
     raise ValueError(f"image_shape must be a tuple of positive ints; got {image_shape!r}.")
   for name, value in [("num_classes", num_classes), ("num_train_examples", num_train_examples),
                       ("num_eval_examples", num_eval_examples), ("pool_size", pool_size)]:
-    check_type(name, value, int, "a positive int")
+    check_type(name, value, int, what="a positive int")
     check_range(name, value, low=1)
-  check_type("uint8", uint8, bool, "True or False")
+  check_type("uint8", uint8, bool, what="True or False")
   return Dataset(
       name="fake_images", task="classification", num_classes=num_classes,
       input_shape=image_shape, input_dtype=np.dtype(np.uint8 if uint8 else np.float32),
-      train_source=FakeImageSource(num_train_examples, image_shape, num_classes, pool_size, 0,
-                                   uint8),
-      eval_source=FakeImageSource(num_eval_examples, image_shape, num_classes, pool_size, 1,
-                                  uint8),
+      train_source=FakeImageSource(num_train_examples, image_shape, num_classes,
+                                   pool_size=pool_size, seed=0, uint8=uint8),
+      eval_source=FakeImageSource(num_eval_examples, image_shape, num_classes,
+                                  pool_size=pool_size, seed=1, uint8=uint8),
       input_normalization=image_ops.IMAGENET_NORMALIZATION if uint8 else None)

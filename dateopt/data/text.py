@@ -119,7 +119,7 @@ def build_ptb(*, data_dir: str | None = None, seq_len: int = 35,
   if data_dir is None:
     raise FileNotFoundError("ptb needs data_dir: a directory with ptb.train.txt, "
                             "ptb.valid.txt and ptb.test.txt (or train.txt, ...).")
-  check_type("seq_len", seq_len, int, "a positive int")
+  check_type("seq_len", seq_len, int, what="a positive int")
   check_range("seq_len", seq_len, low=1)
   check_choice("eval_split", eval_split, PTB_SPLITS[1:])
   train_path = find_split_file(data_dir, "train")

@@ -84,7 +84,7 @@ class TfdsImageSource:
 
 
 def _check_count(name: str, value: int) -> None:
-  check_type(name, value, int, "a non-negative int")
+  check_type(name, value, int, what="a non-negative int")
   check_range(name, value, low=0)
 
 
@@ -131,7 +131,7 @@ def build_imagenet2012(*, data_dir: str | None = None, image_size: int = 224,
 
   num_workers = default_num_workers() if num_workers is None else num_workers
   _check_count("num_workers", num_workers)
-  check_type("image_size", image_size, int, "a positive int")
+  check_type("image_size", image_size, int, what="a positive int")
   check_range("image_size", image_size, low=1)
   train, evaluation = (
       jpeg.JpegSource(open_tfds_split("imagenet2012", split, data_dir, encoded_images=True),

@@ -31,7 +31,7 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
   """
   milestones = recipe.decay_epochs if recipe.decay == "multistep" else ()
   return schedules.warmup_decay_schedule(
-      recipe.learning_rate, recipe.warmup_steps, recipe.total_steps, recipe.decay,
+      recipe.learning_rate, recipe.warmup_steps, recipe.total_steps, decay=recipe.decay,
       init_value=recipe.init_value, power=recipe.power, end_value=recipe.end_value,
       boundaries=[recipe.epochs_to_steps(e) for e in milestones],
       decay_rate=recipe.decay_rate,
@@ -78,7 +78,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
     ...            decay="polynomial", end_value=1e-4, weight_decay=2e-4)
     >>> tx, schedule = build(r)
   """
-  check_type("recipe", recipe, Recipe, "a dateopt.date.Recipe")
+  check_type("recipe", recipe, Recipe, what="a dateopt.date.Recipe")
   schedule = build_schedule(recipe)
   make = optimizer_factory(recipe)
   if recipe.adaptive:

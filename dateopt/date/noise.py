@@ -363,7 +363,7 @@ def adascale_gain(noise_scale: float, base_batch_size: int, batch_size: int) -> 
   return (1.0 + noise_scale / base_batch_size) / (1.0 + noise_scale / batch_size)
 
 
-def law_steps(steps_at_base: float, noise_scale: float, base_batch_size: int,
+def law_steps(steps_at_base: float, noise_scale: float, *, base_batch_size: int,
               batch_size: float) -> float:
   """McCandlish et al. 2018: the steps to a target at `batch_size`, anchored at the baseline's.
 
@@ -371,7 +371,7 @@ def law_steps(steps_at_base: float, noise_scale: float, base_batch_size: int,
   `adascale_gain` is written with, in steps.
 
   Example:
-    >>> law_steps(1000, 100.0, 10, 1000)   # 1000 · (1 + 0.1) / (1 + 10)
+    >>> law_steps(1000, 100.0, base_batch_size=10, batch_size=1000)   # 1000 · (1 + 0.1) / (1 + 10)
     100.0
   """
   return steps_at_base / adascale_gain(noise_scale, base_batch_size, batch_size)
@@ -390,7 +390,7 @@ def expected_efficiency(noise_scale: float, base_batch_size: int, batch_size: in
   return gain * base_batch_size / batch_size
 
 
-def predicted_steps(noise_scale: float, base_batch_size: int, batch_size: int,
+def predicted_steps(noise_scale: float, *, base_batch_size: int, batch_size: int,
                     base_steps: int, warmup_steps: int = 0) -> int:
   """Steps DATE's adaptive mode needs at `batch_size` to cover `base_steps`.
 
@@ -400,7 +400,7 @@ def predicted_steps(noise_scale: float, base_batch_size: int, batch_size: int,
   baseline's steps go at `gain` per step.
 
   Example:
-    >>> predicted_steps(1000.0, 100, 1000, base_steps=5500)
+    >>> predicted_steps(1000.0, base_batch_size=100, batch_size=1000, base_steps=5500)
     1000
   """
   gain = adascale_gain(noise_scale, base_batch_size, batch_size)

@@ -135,8 +135,8 @@ def plan(
     >>> round(big.learning_rate, 3), big.warmup_epochs
     (32.0, 10.0)
   """
-  check_type("baseline", baseline, Recipe, "a dateopt.date.Recipe")
-  check_type("batch_size", batch_size, numbers.Integral, "an int")
+  check_type("baseline", baseline, Recipe, what="a dateopt.date.Recipe")
+  check_type("batch_size", batch_size, numbers.Integral, what="an int")
   check_range("batch_size", batch_size, low=0, low_inclusive=False)
   batch_size = int(batch_size)
   check_choice("strategy", strategy, STRATEGIES)
@@ -144,10 +144,10 @@ def plan(
   check_range("promote_above", promote_above, low=0)
   check_range("critical_batch_factor", critical_batch_factor, low=0.0,
               low_inclusive=False)
-  check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, "a number >= 0")
+  check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, what="a number >= 0")
   check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
-  check_type("grow_batch", grow_batch, bool, "a bool")
+  check_type("grow_batch", grow_batch, bool, what="a bool")
   if promote is None:
     promote = strategy == "legw"
   if strategy == "adaptive":
@@ -171,7 +171,7 @@ def plan(
   family = _promoted_family(baseline, batch_size, promote, promote_above, batch_norm)
   if family != baseline.optimizer:
     anchor_batch, anchor_lr = anchors[family]
-    peak = schedules.scale_learning_rate(anchor_lr, anchor_batch, batch_size, rule)
+    peak = schedules.scale_learning_rate(anchor_lr, anchor_batch, batch_size, rule=rule)
     changes.update(optimizer=family, eps=None, optimizer_options={})
     why["optimizer"] = (f"promoted above batch {promote_above}: "
                         f"{baseline.optimizer} → {family} (You et al. 2017/2019)")
@@ -181,7 +181,7 @@ def plan(
     why["optimizer_options"] = f"dropped: options of {baseline.optimizer}"
   else:
     peak = schedules.scale_learning_rate(baseline.learning_rate, baseline.batch_size,
-                                         batch_size, rule)
+                                         batch_size, rule=rule)
     why["learning_rate"] = _RULE_TEXT[rule](baseline.batch_size, batch_size)
   changes["learning_rate"] = peak
   curve = peak / baseline.learning_rate  # the rest of the LR curve keeps its shape
@@ -282,11 +282,11 @@ def _batches_of(base_batch_size: int, batch_size: int, grow_batch: bool) -> tupl
 def _noise_profile(noise_scale) -> list[float]:
   """`noise_scale` (a number or a sequence of numbers > 0) as a list of floats."""
   values = [noise_scale] if isinstance(noise_scale, numbers.Real) else noise_scale
-  check_type("noise_scale", values, (list, tuple), "a number or a sequence of numbers")
+  check_type("noise_scale", values, (list, tuple), what="a number or a sequence of numbers")
   if not values:
     raise ValueError("noise_scale: a profile needs at least one value.")
   for value in values:
-    check_type("noise_scale", value, numbers.Real, "a number or a sequence of numbers")
+    check_type("noise_scale", value, numbers.Real, what="a number or a sequence of numbers")
     check_range("noise_scale", value, low=0.0, low_inclusive=False, finite=False)
   return [float(v) for v in values]
 
@@ -309,8 +309,9 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
     return None
   profile = _noise_profile(noise_scale)
   if len(profile) == 1 and not recipe.grow_batch:
-    return predicted_steps(profile[0], recipe.base_batch_size, recipe.batch_size,
-                           recipe.total_steps, recipe.warmup_steps)
+    return predicted_steps(
+        profile[0], base_batch_size=recipe.base_batch_size, batch_size=recipe.batch_size,
+        base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps)
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(profile, base_batch_size=recipe.base_batch_size, batch_sizes=ladder,
                           base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps,
@@ -394,8 +395,8 @@ def explain(baseline: Recipe, planned: Recipe) -> str:
     hyper-parameter ...
     batch_size         1024 ...
   """
-  check_type("baseline", baseline, Recipe, "a dateopt.date.Recipe")
-  check_type("planned", planned, Recipe, "a dateopt.date.Recipe")
+  check_type("baseline", baseline, Recipe, what="a dateopt.date.Recipe")
+  check_type("planned", planned, Recipe, what="a dateopt.date.Recipe")
   used = set(baseline.used_fields()) | set(planned.used_fields())
   names = [n for n in planned.to_dict() if n in used]
   rows = [("hyper-parameter", "baseline", "planned", "rule")]

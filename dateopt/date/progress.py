@@ -154,7 +154,7 @@ def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int 
   return tuple(rungs)
 
 
-def wants_next_rung(count, noise_scale_now, batch_size, next_batch_size, max_batch_size, *,
+def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_batch_size,
                     warmup_steps: int, step_price: float = STEP_PRICE,
                     growth_interval: int = GROWTH_INTERVAL):
   """The growth rule, for Python numbers or jax arrays alike (the engine and the planner).
@@ -167,9 +167,11 @@ def wants_next_rung(count, noise_scale_now, batch_size, next_batch_size, max_bat
 
   Example:
     >>> # B_max = 2048, B_noise = 100: λ·B_noise = 204,800; 256 · 512 = 131,072 fits
-    >>> wants_next_rung(100, 100.0, 256, 512, 2048, warmup_steps=80)
+    >>> wants_next_rung(100, 100.0, batch_size=256, next_batch_size=512,
+    ...                 max_batch_size=2048, warmup_steps=80)
     True
-    >>> wants_next_rung(100, 100.0, 512, 1024, 2048, warmup_steps=80)
+    >>> wants_next_rung(100, 100.0, batch_size=512, next_batch_size=1024,
+    ...                 max_batch_size=2048, warmup_steps=80)
     False
   """
   return ((count >= max(warmup_steps, 1)) & (count % growth_interval == 0)
@@ -182,14 +184,16 @@ def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, gro
   rungs = jnp.asarray(ladder, jnp.int32)
   position = jnp.searchsorted(rungs, batch_size)
   upper = rungs[jnp.minimum(position + 1, len(ladder) - 1)]
-  grow = wants_next_rung(count, noise_scale(noise_state), batch_size.astype(jnp.float32),
-                         upper.astype(jnp.float32), float(ladder[-1]),
+  grow = wants_next_rung(count, noise_scale(noise_state),
+                         batch_size=batch_size.astype(jnp.float32),
+                         next_batch_size=upper.astype(jnp.float32),
+                         max_batch_size=float(ladder[-1]),
                          warmup_steps=warmup_steps, step_price=step_price,
                          growth_interval=growth_interval)
   return jnp.where(grow, upper, batch_size)
 
 
-def bounded_gain(measured, previous, trusted, batch_ratio=1.0, max_rise: float = GAIN_RISE):
+def bounded_gain(measured, previous, trusted, *, batch_ratio=1.0, max_rise: float = GAIN_RISE):
   """The gain a step applies: the measured one, risen at most `max_rise` since the last
   step, and not risen at all when the estimate is not `trusted` (Python numbers or arrays).
 
@@ -321,8 +325,8 @@ def adaptive(
     trusted = (noise.grad_sq_ema > 0) & healthy
     # The first GAIN_SETTLE measurements set the gain; then it may rise GAIN_RISE a step.
     gain = jnp.where(state.noise.count < GAIN_SETTLE, measured,
-                     bounded_gain(measured, state.gain, trusted,
-                                  jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size))
+                     bounded_gain(measured, state.gain, trusted, batch_ratio=(
+                         jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
@@ -434,14 +438,15 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
     ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
     measured = adascale_gain(noise, base_batch_size, ladder[rung])
-    gain = measured if steps < GAIN_SETTLE else bounded_gain(measured, gain, True,
-                                                    ladder[rung] / ladder[last_rung])
+    gain = measured if steps < GAIN_SETTLE else bounded_gain(
+        measured, gain, True, batch_ratio=ladder[rung] / ladder[last_rung])
     last_rung = rung
     progress += ramp * gain
     steps, examples = steps + 1, examples + ladder[rung]
     if rung + 1 < len(ladder) and wants_next_rung(
-        steps, noise, ladder[rung], ladder[rung + 1], ladder[-1], warmup_steps=warmup_steps,
-        step_price=step_price, growth_interval=growth_interval):
+        steps, noise, batch_size=ladder[rung], next_batch_size=ladder[rung + 1],
+        max_batch_size=ladder[-1], warmup_steps=warmup_steps, step_price=step_price,
+        growth_interval=growth_interval):
       rung += 1
   return {"steps": steps, "examples": examples,
           "examples_vs_baseline": examples / (base_steps * base_batch_size),

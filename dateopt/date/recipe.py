@@ -52,26 +52,26 @@ def _spec(default: Any = dataclasses.MISSING, *, kind: str, **checks) -> Any:
 def _normalise(name: str, value: Any, kind: str) -> Any:
   """Checks `value`'s type for a field of `kind` and returns its canonical form."""
   if kind == "int":
-    check_type(name, value, numbers.Integral, "an int")
+    check_type(name, value, numbers.Integral, what="an int")
     return int(value)
   if kind == "float":
-    check_type(name, value, numbers.Real, "a number")
+    check_type(name, value, numbers.Real, what="a number")
     return float(value)
   if kind == "optional_float":
     return None if value is None else _normalise(name, value, "float")
   if kind == "optional_int":
     return None if value is None else _normalise(name, value, "int")
   if kind == "str":
-    check_type(name, value, str, "a string")
+    check_type(name, value, str, what="a string")
     return value
   if kind == "bool":
-    check_type(name, value, bool, "a bool")
+    check_type(name, value, bool, what="a bool")
     return value
   if kind == "float_tuple":
-    check_type(name, value, (list, tuple), "a list of numbers")
+    check_type(name, value, (list, tuple), what="a list of numbers")
     return tuple(_normalise(f"{name}[{i}]", v, "float") for i, v in enumerate(value))
   if kind == "mapping":
-    check_type(name, value, Mapping, "a mapping")
+    check_type(name, value, Mapping, what="a mapping")
     return {_normalise(f"{name} key", k, "str"): _freeze(v) for k, v in value.items()}
   raise AssertionError(kind)
 
@@ -215,7 +215,7 @@ class Recipe:
                        "plan(baseline, max_batch, 'adaptive', grow_batch=True).")
     masks.from_name(self.mask)  # a known name, else a regex that must compile
     for key, value in self.rationale.items():
-      check_type(f"rationale[{key!r}]", value, str, "a string")
+      check_type(f"rationale[{key!r}]", value, str, what="a string")
     # Rounding to whole steps can still leave no training or no decay steps.
     if self.total_steps < 1:
       raise ValueError(f"num_epochs={self.num_epochs} is less than one step.")
@@ -291,7 +291,7 @@ class Recipe:
   @classmethod
   def from_dict(cls, values: Mapping[str, Any]) -> "Recipe":
     """Builds a recipe from a dict; unknown keys raise a ValueError naming them."""
-    check_type("values", values, Mapping, "a mapping")
+    check_type("values", values, Mapping, what="a mapping")
     names = [f.name for f in dataclasses.fields(cls)]
     values = _without_retired_fields(values)
     for key in values:
@@ -308,7 +308,7 @@ class Recipe:
   def from_config(cls, config: Any) -> "Recipe":
     """Builds a recipe from a `ConfigDict` (as written by `to_config`) or a mapping."""
     if not isinstance(config, Mapping) and not callable(getattr(config, "to_dict", None)):
-      check_type("config", config, Mapping, "an ml_collections.ConfigDict")
+      check_type("config", config, Mapping, what="an ml_collections.ConfigDict")
     values = config if isinstance(config, Mapping) else config.to_dict()
     return cls.from_dict(values)
 

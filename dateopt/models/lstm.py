@@ -142,7 +142,7 @@ class LSTMLanguageModel(nn.Module):
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-  check_type(name, value, int, "a positive int")
+  check_type(name, value, int, what="a positive int")
   check_range(name, value, low=1)
 
 
@@ -190,10 +190,10 @@ def make_lstm_lm(*, num_classes: int | None = None, dtype: Any = jnp.float32,
   fields.update({k: v for k, v in overrides.items() if v is not None})
   _check_positive_int("hidden_size", fields["hidden_size"])
   _check_positive_int("num_layers", fields["num_layers"])
-  check_type("dropout", fields["dropout"], (int, float), "a number in [0, 1)")
+  check_type("dropout", fields["dropout"], (int, float), what="a number in [0, 1)")
   check_range("dropout", fields["dropout"], low=0.0, high=1.0, high_inclusive=False)
-  check_type("init_scale", fields["init_scale"], (int, float), "a positive number")
+  check_type("init_scale", fields["init_scale"], (int, float), what="a positive number")
   check_range("init_scale", fields["init_scale"], low=0.0, low_inclusive=False)
-  check_type("tie_embeddings", tie_embeddings, bool, "a bool")
+  check_type("tie_embeddings", tie_embeddings, bool, what="a bool")
   return LSTMLanguageModel(vocab_size=vocab_size, tie_embeddings=tie_embeddings, dtype=dtype,
                            **fields)

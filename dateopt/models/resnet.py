@@ -309,9 +309,9 @@ def make_resnet(name: str, *, num_classes: int | None = None, dtype: Any = jnp.f
   overrides = dict(num_classes=num_classes, num_filters=num_filters, stage_sizes=stage_sizes,
                    stem=stem)
   fields.update({k: v for k, v in overrides.items() if v is not None})
-  check_type("num_classes", fields["num_classes"], int, "a positive int")
+  check_type("num_classes", fields["num_classes"], int, what="a positive int")
   check_range("num_classes", fields["num_classes"], low=1)
-  check_type("num_filters", fields["num_filters"], int, "a positive int")
+  check_type("num_filters", fields["num_filters"], int, what="a positive int")
   check_range("num_filters", fields["num_filters"], low=1)
   check_choice("stem", fields["stem"], ("imagenet", "small"))
   fields["stage_sizes"] = tuple(fields["stage_sizes"])
@@ -320,7 +320,7 @@ def make_resnet(name: str, *, num_classes: int | None = None, dtype: Any = jnp.f
     raise ValueError(f"stage_sizes must be a non-empty sequence of positive ints; "
                      f"got {stage_sizes!r}.")
   if bn_group_size is not None:
-    check_type("bn_group_size", bn_group_size, int, "a positive int or None")
+    check_type("bn_group_size", bn_group_size, int, what="a positive int or None")
     check_range("bn_group_size", bn_group_size, low=1)
   check_range("bn_momentum", bn_momentum, low=0.0, high=1.0, high_inclusive=False)
   return ResNet(bn_group_size=bn_group_size, bn_momentum=bn_momentum, dtype=dtype,

@@ -89,7 +89,7 @@ def grid(workloads: Sequence[str], *, multiples: Sequence[int] = MULTIPLES,
   for strategy in strategies:
     check_choice("strategies", strategy, tuple(STRATEGIES))
   for k in multiples:
-    check_type("multiples", k, int, "positive ints")
+    check_type("multiples", k, int, what="positive ints")
     check_range("multiples", k, low=1)
   cells = []
   for workload in workloads:
@@ -184,8 +184,9 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
     if cell.strategy == "adaptive" and noise_scale is not None and math.isfinite(noise_scale):
       plan["noise_scale"] = float(noise_scale)
-      expected_steps = date.predicted_steps(noise_scale, base_batch, config.batch_size,
-                                            base_steps, 0)
+      expected_steps = date.predicted_steps(
+          noise_scale, base_batch_size=base_batch, batch_size=config.batch_size,
+          base_steps=base_steps)
     if cell.strategy == "adaptive_grow" and noise_scale:
       plan["noise_scale"] = [float(v) for v in noise_scale]
       expected_steps = date.predicted_budget(

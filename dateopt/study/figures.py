@@ -122,7 +122,8 @@ def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: 
     b0, s0 = baseline["base_batch"], baseline["steps_to_target"]
     batches = sorted({e["batch"] for e in summary})
     grid = [b0 * 2 ** (i / 8) for i in range(int(8 * math.log2(max(batches) / b0)) + 1)]
-    ax.plot(grid, [law_steps(s0, noise_scale, b0, b) for b in grid], "k--", linewidth=1.1,
+    law = [law_steps(s0, noise_scale, base_batch_size=b0, batch_size=b) for b in grid]
+    ax.plot(grid, law, "k--", linewidth=1.1,
             label=f"law: 1 + B_noise/B (B_noise = {noise_scale:,.0f})")
     ax.plot(grid, [s0 * b0 / b for b in grid], "k:", linewidth=1.0, label="perfect scaling")
   ax.set_yscale("log")
@@ -154,7 +155,7 @@ def plot_steps_vs_examples(summary: Sequence[Mapping], path: str, *, noise_scale
   if entries and _drawable_noise_scale(noise_scale):
     b0, s0 = entries[0]["batch"], entries[0]["steps_to_target"]
     batches = [b0 * 2 ** (i / 8) for i in range(8 * 12 + 1)]
-    law = [law_steps(s0, noise_scale, b0, b) for b in batches]
+    law = [law_steps(s0, noise_scale, base_batch_size=b0, batch_size=b) for b in batches]
     ax.plot([s * b for s, b in zip(law, batches)], law, "k--", linewidth=1.1,
             label=f"law (B_noise = {noise_scale:,.0f})")
   if entries:

@@ -10,7 +10,8 @@ Example:
   >>> from dateopt.train import benchmark
   >>> model = models.create_model("resnet_tiny", num_classes=10)
   >>> inputs, labels = jnp.zeros((8, 32, 32, 3)), jnp.zeros(8, jnp.int32)
-  >>> runners = {name: benchmark.step_runner(model, tx, inputs, labels, 10)
+  >>> runners = {name: benchmark.step_runner(model, tx, inputs=inputs, labels=labels,
+  ...                                       num_classes=10)
   ...            for name, tx in [("sgd", optax.sgd(0.1, momentum=0.9)),
   ...                             ("lars", dateopt.lars(0.1))]}
   >>> seconds = benchmark.median_step_seconds(runners, rounds=5)   # {name: s/step}
@@ -27,7 +28,7 @@ import jax
 from dateopt.train.steps import create_train_state, train_step
 
 
-def step_runner(model, tx, inputs, labels, num_classes):
+def step_runner(model, tx, *, inputs, labels, num_classes):
   """A jitted train step on a fixed batch, its initial state, and the batch."""
   # A jitted init: faster than op by op for a ResNet-50, and no two leaves share a
   # buffer, so the step can donate the state.

@@ -9,7 +9,7 @@ BN, and the numbers the summary reports.
 
 Example (what `train_and_evaluate` does once the workdir is claimed):
   >>> with contextlib.ExitStack() as cleanup:
-  ...   loop = TrainLoop(exp, tx, workdir, report, cleanup)
+  ...   loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup)
   ...   for step in range(loop.start_step + 1, exp.num_train_steps + 1):
   ...     if loop.run_step(step, stops):
   ...       break
@@ -60,7 +60,7 @@ class _Tick:
 class TrainLoop:
   """One run's state, feed, writer, clocks and watches, advanced by `run_step`."""
 
-  def __init__(self, exp: Experiment, tx, workdir: str, report: str,
+  def __init__(self, exp: Experiment, tx, workdir: str, *, report: str,
                cleanup: contextlib.ExitStack):
     self.exp, self.cadence = exp, exp.cadence
     lead = jax.process_index() == 0
@@ -161,7 +161,8 @@ class TrainLoop:
     waiting = time.perf_counter()  # the host's wait for the batch: is the step input-bound?
     inputs = self.feed.next()
     waited = time.perf_counter() - waiting
-    self.state, self.metrics = self.step_fn(self.state, inputs, record, measure)
+    self.state, self.metrics = self.step_fn(self.state, inputs, record_statistics=record,
+                                              measure_noise=measure)
     stops.stepping()  # a signal now waits for this step and saves it
     self.trace.after(step, self.state)
     self.clock.count_step(batch, input_seconds=waited)
@@ -278,7 +279,8 @@ class TrainLoop:
       batches = polish.statistics_batches(
           self.exp.dataset, self.exp.microbatch_size, settings["batches"],
           seed=self.exp.config.seed, bn_data=settings["bn_data"])
-      self.state = polish.polish_batch_stats(self.exp.model, self.state, batches, self.exp.mesh)
+      self.state = polish.polish_batch_stats(self.exp.model, self.state, batches,
+                                             mesh=self.exp.mesh)
       after = self.evaluate()
     self.writer.write(step, {f"eval/polished_{k}": v for k, v in after.items()})
     self.eval_metrics = after | {f"before_polish_{k}": v for k, v in (before or {}).items()}
@@ -299,7 +301,7 @@ def _compile_train_step(exp: Experiment, tx):
                         grad_accum_steps=config.grad_accum_steps),
       # Whether a step measures the noise is a Python bool: two programs, no traced
       # branch around the forward and backward passes (see `steps._gradients`).
-      static_argnums=3, out_shardings=(replicated, replicated), donate_argnums=0)
+      static_argnames="measure_noise", out_shardings=(replicated, replicated), donate_argnums=0)
 
 
 def _progress(exp: Experiment, state: TrainState) -> float | None:

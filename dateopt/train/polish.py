@@ -54,7 +54,7 @@ def check_polish_config(polish: Mapping[str, Any]) -> None:
   """Raises ValueError/TypeError naming the `config.polish` field at fault."""
   check_choice("config.polish.mode", polish["mode"], POLISH_MODES)
   check_choice("config.polish.bn_data", polish["bn_data"], BN_DATA)
-  check_type("config.polish.batches", polish["batches"], int, "a positive int")
+  check_type("config.polish.batches", polish["batches"], int, what="a positive int")
   check_range("config.polish.batches", polish["batches"], low=1)
   if polish["epochs"] is not None:
     check_range("config.polish.epochs", polish["epochs"], low=0.0, low_inclusive=False)
@@ -84,7 +84,7 @@ def polish_window(polish: Mapping[str, Any], steps_per_epoch: int, num_train_ste
   return steps
 
 
-def bn_input_moments(model: nn.Module, params: Any, batch_stats: Any,
+def bn_input_moments(model: nn.Module, params: Any, batch_stats: Any, *,
                      inputs: jax.Array) -> dict[tuple[str, ...], tuple[jax.Array, jax.Array]]:
   """Every BN layer's input mean and mean of squares (per channel) on one batch.
 
@@ -112,7 +112,7 @@ def bn_input_moments(model: nn.Module, params: Any, batch_stats: Any,
 
 
 def polish_batch_stats(model: nn.Module, state: TrainState, batches: Iterable[Mapping[str, Any]],
-                       mesh: jax.sharding.Mesh) -> TrainState:
+                       *, mesh: jax.sharding.Mesh) -> TrainState:
   """Precise BN: each BN layer's statistics set to the exact moments of its inputs.
 
   Weights stay as they are (bit for bit). Over all the examples of `batches`,
@@ -123,7 +123,7 @@ def polish_batch_stats(model: nn.Module, state: TrainState, batches: Iterable[Ma
 
   Example:
     >>> batches = statistics_batches(dataset, 1024, num_batches=50, seed=0)
-    >>> state = polish_batch_stats(model, state, batches, mesh)
+    >>> state = polish_batch_stats(model, state, batches, mesh=mesh)
 
   Args:
     model: the Flax model `state` was trained with.
@@ -156,7 +156,7 @@ def _weighted_moments(model, params, batch_stats, inputs, size):
   # Sums weighted by the batch size: batches of any size pool exactly.
   return {path: (mean * size, square * size)
           for path, (mean, square) in bn_input_moments(model, params, batch_stats,
-                                                       inputs).items()}
+                                                       inputs=inputs).items()}
 
 
 def _as_batch_stats(batch_stats: Any, totals: dict, count: int) -> Any:

@@ -49,7 +49,7 @@ def create_train_state(model, tx: optax.GradientTransformation, example_inputs: 
                     last_batch_size=jnp.zeros([], jnp.int32))
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array, num_classes: int,
+def cross_entropy(logits: jax.Array, labels: jax.Array, num_classes: int, *,
                   label_smoothing: float = 0.0) -> jax.Array:
   """Per-example (or per-token) cross-entropy, with optional label smoothing."""
   logits = logits.astype(jnp.float32)
@@ -59,7 +59,7 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, num_classes: int,
   return optax.softmax_cross_entropy(logits, targets)
 
 
-def apply_model(model, params, batch_stats, inputs, *, train: bool, rng=None):
+def apply_model(model, params, batch_stats, *, inputs, train: bool, rng=None):
   """Logits, and the new batch statistics when training a model that has them."""
   variables = {"params": params}
   if batch_stats:
@@ -79,9 +79,10 @@ def _loss_fn(model, num_classes, label_smoothing):
     # The dropout key travels in the batch (one per group), so gradient groups
     # (vmapped slices of the batch) draw different dropout masks.
     rng = batch["rng"][0]
-    logits, new_stats = apply_model(model, params, batch_stats, batch["inputs"], train=True,
-                                    rng=rng)
-    loss = jnp.mean(cross_entropy(logits, batch["labels"], num_classes, label_smoothing))
+    logits, new_stats = apply_model(model, params, batch_stats, inputs=batch["inputs"],
+                                    train=True, rng=rng)
+    loss = jnp.mean(cross_entropy(logits, batch["labels"], num_classes,
+                                  label_smoothing=label_smoothing))
     accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["labels"])
     return loss, (new_stats, accuracy)
 
@@ -123,9 +124,9 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
   return jax.lax.cond(measure, grouped, plain)
 
 
-def train_step(state: TrainState, batch: dict[str, jax.Array],
+def train_step(state: TrainState, batch: dict[str, jax.Array], *,
                record_statistics: jax.Array | None = None,
-               measure_noise: jax.Array | None = None, *, model,
+               measure_noise: jax.Array | None = None, model,
                tx: optax.GradientTransformation, num_classes: int, seed: int,
                label_smoothing: float = 0.0, grad_groups: int = 0,
                recipe: date.Recipe | None = None, grad_accum_steps: int = 1
@@ -264,7 +265,8 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
 def eval_step(state: TrainState, batch: dict[str, jax.Array], *, model,
               num_classes: int) -> dict[str, jax.Array]:
   """Sums of loss, correct predictions and counted examples (padding masked out)."""
-  logits, _ = apply_model(model, state.params, state.batch_stats, batch["inputs"], train=False)
+  logits, _ = apply_model(model, state.params, state.batch_stats, inputs=batch["inputs"],
+                             train=False)
   mask = batch["mask"]
   loss = cross_entropy(logits, batch["labels"], num_classes)
   correct = (jnp.argmax(logits, -1) == batch["labels"]).astype(jnp.float32)

@@ -113,7 +113,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
           f"devices / {jax.process_count()} processes):\n{report}", flush=True)
   save_recipes(workdir, exp, report)
   with contextlib.ExitStack() as cleanup:  # closed however the run ends: saves finish, rows flush
-    loop = TrainLoop(exp, tx, workdir, report, cleanup)
+    loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup)
     for step in range(loop.start_step + 1, exp.num_train_steps + 1):
       if loop.run_step(step, stops):
         break
