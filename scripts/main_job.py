@@ -85,7 +85,11 @@ def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
   if noise_scale is not None and math.isfinite(noise_scale):
     config.plan = dict(config.plan.to_dict(), noise_scale=float(noise_scale))
   start = time.perf_counter()
-  result = train.train_and_evaluate(config, workdir)
+  try:
+    result = train.train_and_evaluate(config, workdir)
+  except train.DivergedError as error:  # a row of its own: the comparison goes on
+    print(f"\n{name}: {error}\n", flush=True)
+    return stopped_row(name, config, workdir, str(error), time.perf_counter() - start)
   seconds = time.perf_counter() - start
   metrics = result.train_metrics
   recipe = result.recipe
@@ -104,6 +108,26 @@ def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
   }
 
 
+def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) -> dict:
+  """The row of a run the divergence watch stopped, from its metrics: its last logged step,
+  the examples it had read, no accuracy (its model is the diverged one)."""
+  logged = [r for r in read_metrics(workdir) if "examples_seen" in r]
+  last = logged[-1] if logged else {"step": 0, "examples_seen": 0}
+  batches = [r["train/batch_size"] for r in read_metrics(workdir) if "train/batch_size" in r]
+  return {
+      "run": name, "workdir": workdir, "batch": config.batch_size, "steps": last["step"],
+      "predicted_steps": None, "examples": last["examples_seen"],
+      "largest_batch": max(batches, default=config.batch_size),
+      "grows": bool(config.plan.get("grow_batch", False)), "epochs": float("nan"),
+      "examples_vs_baseline": float("nan"),  # set against the baseline's row by run_job
+      "accuracy": float("nan"), "wall_seconds": seconds, "guard_skipped": 0,
+      "guard_lr_multiplier": 1.0, "steps_per_second": float("nan"), "stopped": reason}
+
+
+def _accuracy_cell(row: dict) -> str:
+  return "stopped (diverged)" if row.get("stopped") else f"{100 * row['accuracy']:.2f}%"
+
+
 def markdown_table(rows: list[dict]) -> str:
   baseline = rows[0]
   lines = ["| run | batch | steps | predicted steps | examples (epochs) | examples × baseline "
@@ -117,7 +141,7 @@ def markdown_table(rows: list[dict]) -> str:
     lines.append(
         f"| {r['run']} | {batch} | {r['steps']:,} | {predicted} "
         f"| {r['examples']:,} ({r['epochs']:.0f}) | {r['examples_vs_baseline']:.2f} "
-        f"| {100 * r['accuracy']:.2f}% "
+        f"| {_accuracy_cell(r)} "
         f"| {r['wall_seconds']:.0f} | {saved} | {r['guard_skipped']} |")
   return "\n".join(lines)
 
@@ -135,6 +159,9 @@ def run_job(args, seed: int, workdir: str) -> dict:
     if measured and config.batch_size is not None:
       noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
     rows.append(run_one(name, config, run_dir, noise))
+    if rows[-1].get("stopped"):
+      rows[-1]["examples_vs_baseline"] = rows[-1]["examples"] / rows[0]["examples"]
+      rows[-1]["epochs"] = rows[-1]["examples"] / rows[0]["examples"] * rows[0]["epochs"]
     if name == "baseline":
       measured = measured_noise_scales(read_metrics(run_dir))
       print(f"\nbaseline: measured noise scale B_noise median {finite_median(measured):,.0f} "
@@ -187,12 +214,15 @@ def seeds_table(per_seed: list[dict]) -> str:
            f"| predicted steps | examples × baseline | guard skips (total) |",
            "|---|---:|---:|---:|---:|---:|---:|"]
   for name, rows in by_name.items():
-    acc, acc_sd = _mean_std([100 * r["accuracy"] for r in rows])
+    stopped = sum(bool(r.get("stopped")) for r in rows)
+    accuracy = f"stopped (diverged) in {stopped} of {len(rows)}"
+    if not stopped:
+      accuracy = "{:.2f} ± {:.2f}%".format(*_mean_std([100 * r["accuracy"] for r in rows]))
     steps, steps_sd = _mean_std([r["steps"] for r in rows])
     predicted = [r["predicted_steps"] for r in rows if r["predicted_steps"] is not None]
     shown = f"{statistics.mean(predicted):,.0f}" if predicted else ""
     examples = statistics.mean(r["examples_vs_baseline"] for r in rows)
-    lines.append(f"| {name} | {rows[0]['batch']:,} | {acc:.2f} ± {acc_sd:.2f}% "
+    lines.append(f"| {name} | {rows[0]['batch']:,} | {accuracy} "
                  f"| {steps:,.0f} ± {steps_sd:,.0f} | {shown} | {examples:.2f} "
                  f"| {sum(r['guard_skipped'] for r in rows)} |")
   return "\n".join(lines + [""] + bar_lines(by_name))
@@ -223,6 +253,11 @@ def bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
       met = step_bar is None or fraction <= step_bar
     verdict = "met" if met and acc >= -1.0 else "NOT met"
     bar = f"≥ −1.0 point, {bar}" if bar else "≥ −1.0 point"
+    stopped = sum(bool(r.get("stopped")) for r in rows)
+    if stopped:  # a stopped seed has no accuracy: the bar is missed, whatever the others did
+      lines.append(f"- {name}: stopped by the divergence watch in {stopped} of {len(rows)} "
+                   f"seeds (bar: {bar}): NOT met")
+      continue
     lines.append(f"- {name}: {acc:+.2f} points vs the baseline, {fraction:.3f} of its steps, "
                  f"{examples:.2f}× its examples (bar: {bar}): {verdict}")
   return lines

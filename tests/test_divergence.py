@@ -92,6 +92,39 @@ def test_patience_gives_up_and_the_lr_scale_halves_every_ten_steps():
   assert float(state.lr_scale) == pytest.approx(0.5 ** -(-flagged_steps // 10))
 
 
+def _watch_states(losses, patience):
+  """The watch after each of `losses` (progress 0.1 throughout)."""
+  state, states = divergence.init_watch(), []
+  update = jax.jit(divergence.update_watch, static_argnames="patience")
+  for step, loss in enumerate(losses):
+    state = update(state, jnp.float32(loss), step=jnp.int32(step),
+                   progress_fraction=jnp.float32(0.1), patience=patience)
+    states.append(state)
+  return states
+
+
+def test_a_recovering_run_keeps_its_lr_and_its_patience():
+  # Learnt to 0.5, relapsed to 2.0 (diverged), then falling back by 0.1 every 10 steps:
+  # 4x FALL_SHARE · start (0.023 a look) -- the grown main-job run's recovery after its spike.
+  relapse = [2.3] * 10 + [0.5] * 100 + [2.0] * 20
+  falling = list(np.linspace(2.0, 0.55, 146))
+  states = _watch_states(relapse + falling + [0.5] * 40, patience=40)
+  diverged = [i for i, s in enumerate(states) if int(s.diverged_steps)]
+  assert diverged[0] < len(relapse) <= diverged[-1]  # diverged through most of the fall
+  in_fall = [states[i] for i in diverged if i >= len(relapse) + CUT_LAG]
+  assert len(in_fall) > 40  # more diverged steps than the patience...
+  assert len({float(s.lr_scale) for s in in_fall}) == 1  # ...yet no cut while it falls
+  assert not bool(states[-1].gave_up) and not int(states[-1].diverged_steps)  # recovered
+  assert int(states[-1].stalled_total) < 40 < int(states[-1].diverged_total)
+  # The same relapse held at 2.0 is cut every CUT_EVERY steps and given up at the patience.
+  stuck = _watch_states(relapse + [2.0] * 146, patience=40)
+  assert bool(stuck[-1].gave_up) and int(stuck[-1].stalled_total) >= 40
+  assert float(stuck[-1].lr_scale) < float(states[-1].lr_scale)
+
+
+CUT_LAG = 10  # the 5-step loss needs a few steps to turn from the plateau into the fall
+
+
 # --- The engine: credit only the progress made ------------------------------------------------
 
 def _sq_norms(noise_scale, batch, grad_sq=1.0, groups=4):
@@ -255,6 +288,36 @@ def test_an_exploding_gradient_is_skipped_before_it_reaches_the_optimizer():
   _, state = update(params, state, params, grad_sq_norms=_sq_norms(100.0, 512, grad_sq=30.0),
                     value=2.0)  # 30x: a large gradient, not an explosion
   assert int(state.watch.gradient_jumps) == 1 and int(state.count) == 13
+
+
+def test_gradients_that_keep_exploding_give_up_at_the_patience():
+  # Every step skipped leaves the loss, the EMAs and the progress as they were: without a
+  # count the run would walk to its last step and "finish" (the main job at 1000x its LR).
+  tx = date.adaptive(lambda learning_rate: optax.adam(learning_rate),
+                     optax.constant_schedule(1e-2), base_batch_size=32, batch_size=512,
+                     base_steps=10_000, noise_decay=0.9, divergence_patience=20)
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for _ in range(12):
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(100.0, 512), value=2.0)
+  big = _sq_norms(100.0, 512, grad_sq=1e5)
+  for step in range(20):
+    assert not bool(date.gave_up(state)), step
+    _, state = update(params, state, params, grad_sq_norms=big, value=2.0)
+  assert int(state.watch.gradient_jumps) == 20 and bool(date.gave_up(state))
+  assert not int(state.watch.divergences)  # the loss rules never fired: the jumps alone
+
+
+def test_the_stop_message_names_the_skipped_gradients():
+  from dateopt.train.diverged import DivergedError, EngineHealth
+  health = EngineHealth(diverged=False, gave_up=True, diverged_at=-1, diverged_steps=0,
+                        stalled_steps=0, gradient_jumps=100, loss=3.5, first_loss=2.3,
+                        best_loss=2.3, gain=3.17, lr_scale=1.0)
+  with pytest.raises(DivergedError, match=r"^stopped: the adaptive run skipped 100 steps whose "
+                     r"gradient exploded \(smoothed loss 3.5, against 2.3 at the start and 2.3 "
+                     r"at its best; gain 3.17, LR 3.93\)\. No checkpoint was saved before it\."):
+    health.raise_if_gave_up(3.93, None, None)
 
 
 def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():

@@ -89,6 +89,24 @@ def test_several_seeds_give_mean_and_std_and_each_bar_on_the_means(tmp_path):
           "examples): NOT met") in table
 
 
+def test_a_stopped_run_is_a_row_and_misses_its_bar(tmp_path):
+  job = _main_job_module()
+  stopped = dict(_row("DATE adaptive, batch grown to 16x", float("nan"), 520, 0.9, True),
+                 stopped="stopped: the adaptive run diverged at step 415 ...")
+  per_seed = [{"seed": 0, "runs": [_row("baseline", 0.96, 1000, 1.0, batch=32), stopped]},
+              {"seed": 1, "runs": [_row("baseline", 0.96, 1000, 1.0, batch=32),
+                                   _row("DATE adaptive, batch grown to 16x", 0.97, 110, 2.0,
+                                        True)]}]
+  table = job.seeds_table(per_seed)
+  assert "| DATE adaptive, batch grown to 16x | 512 | stopped (diverged) in 1 of 2 |" in table
+  assert ("- DATE adaptive, batch grown to 16x: stopped by the divergence watch in 1 of 2 seeds "
+          "(bar: ≥ −1.0 point, ≤ 0.125 of the steps, ≤ 2.5× the examples): NOT met") in table
+  one_seed = job.markdown_table(
+      [dict(per_seed[0]["runs"][0], examples=32_000, epochs=4, wall_seconds=1.0),
+       dict(stopped, examples=28_800, epochs=3.6, wall_seconds=1.0, largest_batch=256)])
+  assert "| 28,800 (4) | 0.90 | stopped (diverged) |" in one_seed
+
+
 def test_a_seed_with_results_is_read_not_run_again(tmp_path, monkeypatch):
   job = _main_job_module()
   args = type("Args", (), {"workdir": str(tmp_path), "gain_rule": "linear"})()

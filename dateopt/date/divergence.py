@@ -32,14 +32,22 @@ A diverged run is healthy again once its loss has fallen below STALL_DROP ·
 start and is back near its best, ema − best ≤ RECOVERED · (start − best),
 below the blow-up level: the gap between RELAPSE and RECOVERED keeps a run
 at the threshold from flapping. While diverged, the engine credits no
-progress and does not raise the gain, and the LR scale halves at once and
-every `CUT_EVERY` diverged steps (floor `MIN_LR_SCALE`); healthy steps win it
-back, ×2 per `RECOVERY_STEPS`. After `patience` diverged steps in all (a run
-that keeps relapsing counts every time) the engine gives up for good: every
-update is zero, and `gave_up(opt_state)` says so.
+progress and does not raise the gain. The LR scale halves at once, and then
+every `CUT_EVERY` diverged steps unless `fast` fell by more than FALL_SHARE ·
+start in those steps (floor `MIN_LR_SCALE`): a run that is recovering keeps
+the LR it recovers at. Healthy steps win the scale back, ×2 per
+`RECOVERY_STEPS`. A diverged step is stalled when `fast` has not fallen that
+far since the last look (or it is the first of a divergence, or its loss is
+not finite). After `patience` stalled steps and skipped gradient jumps in
+all (a run that keeps relapsing counts every time) the engine gives up for
+good: every update is zero, and `gave_up(opt_state)` says so.
 
 `gradient_jump` (a gradient `GRADIENT_JUMP` × its expected squared norm) is
-the watch's third test: `adaptive` skips such a step. None of these fired as
+the watch's third test: `adaptive` skips such a step (`count_gradient_jump`),
+and a run whose gradients keep exploding is stopped by the same patience: its
+skipped steps never move its loss, so it could neither diverge by the loss
+rules nor end (the main job at 1000x its LR skipped 7,524 of 7,563 steps and
+"finished" at 10%, notes/divergence.md). None of these fired as
 a divergence on any healthy run the project has (notes/divergence.md); where
 nothing fires, the engine's arithmetic is that of an engine without the
 watch, bit for bit.
@@ -64,6 +72,11 @@ STALL_PROGRESS = 0.25
 STALL_DROP = 0.9
 STALL_STEPS = 100  # an LSTM can sit at chance ~100 steps at any batch: a short run's quarter
 CUT_EVERY = 10
+# A diverged run whose 5-step loss fell by this share of its start in CUT_EVERY steps is
+# recovering: no cut then, and those steps do not count toward the patience. (A grown main-job
+# run fell 1.93 -> 1.07 in 80 steps after a spike, start 2.3: 0.11 a look; halving its LR every
+# 10 steps anyway starved the recovery, notes/divergence.md.)
+FALL_SHARE = 0.01
 MIN_LR_SCALE = 1e-3
 RECOVERY_STEPS = 20
 HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: gain 1, no measuring
@@ -86,7 +99,10 @@ class DivergenceWatchState(NamedTuple):
     fast: a faster one (decay `FAST_DECAY`), for `loss_rising`.
     best: lowest `ema` once `first` is known.
     diverged_steps: diverged steps in a row (0: healthy).
-    diverged_total: diverged steps in all: the engine gives up at `patience`.
+    diverged_total: diverged steps in all.
+    stalled_total: diverged steps in all whose loss was not falling: the
+      engine gives up at `patience`.
+    checked: `fast` at the last look (every `CUT_EVERY` diverged steps).
     diverged_at: the engine step at which the first divergence began; -1: never.
     divergences: divergences so far (each one a run of diverged steps).
     holds: steps so far whose loss was rising (`loss_rising`): no noise
@@ -106,6 +122,8 @@ class DivergenceWatchState(NamedTuple):
   best: jax.Array
   diverged_steps: jax.Array
   diverged_total: jax.Array
+  stalled_total: jax.Array
+  checked: jax.Array
   diverged_at: jax.Array
   divergences: jax.Array
   holds: jax.Array
@@ -119,7 +137,8 @@ def init_watch() -> DivergenceWatchState:
   zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
   return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, zero_f,
                               jnp.full((), jnp.inf, jnp.float32),
-                              zero_i, zero_i, jnp.full((), -1, jnp.int32), zero_i, zero_i,
+                              zero_i, zero_i, zero_i, zero_f,
+                              jnp.full((), -1, jnp.int32), zero_i, zero_i,
                               zero_i, zero_i,
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
@@ -171,24 +190,37 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
   diverged = ~finite | _judge(state.diverged_steps > 0, count, start, ema, best,
                              progress_fraction)
-  cut = diverged & (state.diverged_steps % CUT_EVERY == 0)
+  starts = diverged & (state.diverged_steps == 0)
+  look = diverged & (state.diverged_steps % CUT_EVERY == 0)
+  stalled = diverged & (starts | ~finite | ~(fast < state.checked - FALL_SHARE * start))
+  cut = look & stalled
   # A healthy run's scale stays exactly 1.0 (min(1.0 × growth, 1.0)).
   lr_scale = jnp.where(cut, jnp.maximum(state.lr_scale * 0.5, MIN_LR_SCALE),
                        jnp.where(diverged, state.lr_scale,
                                  jnp.minimum(state.lr_scale * 2.0 ** (1.0 / RECOVERY_STEPS),
                                              1.0)))
-  starts = diverged & (state.diverged_steps == 0)
   diverged_steps = jnp.where(diverged, state.diverged_steps + 1, 0)
   diverged_total = state.diverged_total + diverged.astype(jnp.int32)
+  stalled_total = state.stalled_total + stalled.astype(jnp.int32)
   return DivergenceWatchState(
-      count, initial, first, ema, fast, best, diverged_steps, diverged_total,
+      count, initial, first, ema, fast, best, diverged_steps, diverged_total, stalled_total,
+      jnp.where(look, fast, state.checked),
       jnp.where(starts & (state.divergences == 0), jnp.asarray(step, jnp.int32),
                 state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
       state.holds + _rising(count, start, fast, best).astype(jnp.int32),
       state.gradient_jumps, state.gains_held,
       lr_scale,
-      state.gave_up | (diverged_total >= patience))
+      state.gave_up | (stalled_total + state.gradient_jumps >= patience))
+
+
+def count_gradient_jump(state: DivergenceWatchState, jump: jax.Array, *,
+                        patience: int) -> DivergenceWatchState:
+  """The watch after a step that `adaptive` skipped (`jump`) or not: skipped steps count
+  toward the patience with the stalled ones."""
+  jumps = state.gradient_jumps + jnp.asarray(jump, jnp.int32)
+  return state._replace(gradient_jumps=jumps,
+                        gave_up=state.gave_up | (state.stalled_total + jumps >= patience))
 
 
 def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:

@@ -69,6 +69,7 @@ import optax
 from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
+    count_gradient_jump,
     gradient_jump,
     init_watch,
     loss_rising,
@@ -358,9 +359,9 @@ def adaptive(
           watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)))
 
     def idle():  # the schedule is covered, the run gave up, or its gradient jumped: no update
-      return (jax.tree.map(jnp.zeros_like, updates),
-              state._replace(noise=noise, watch=watch._replace(
-                  gradient_jumps=watch.gradient_jumps + jump.astype(jnp.int32))))
+      counted = (watch if divergence_patience is None  # static: no watch, no jumps
+                 else count_gradient_jump(watch, jump, patience=divergence_patience))
+      return jax.tree.map(jnp.zeros_like, updates), state._replace(noise=noise, watch=counted)
 
     return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | jump, idle, step)
 

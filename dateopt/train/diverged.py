@@ -38,6 +38,8 @@ class EngineHealth:
   gave_up: bool
   diverged_at: int  # the engine step the divergence began at (0-based)
   diverged_steps: int  # in all
+  stalled_steps: int  # of those, the ones whose loss was not falling: the patience counts them
+  gradient_jumps: int  # steps skipped for an exploding gradient: counted by the patience too
   loss: float  # the watch's smoothed loss
   first_loss: float
   best_loss: float
@@ -52,9 +54,8 @@ class EngineHealth:
       return None
     w, gain = parallel.to_host((engine.watch, engine.gain))
     return cls(bool(w.diverged_steps > 0), bool(w.gave_up), int(w.diverged_at),
-               int(w.diverged_total), float(w.ema), float(min(w.first, w.initial)),
-               float(w.best),
-               float(gain), float(w.lr_scale))
+               int(w.diverged_total), int(w.stalled_total), int(w.gradient_jumps), float(w.ema),
+               float(min(w.first, w.initial)), float(w.best), float(gain), float(w.lr_scale))
 
   def raise_if_gave_up(self, learning_rate: float | None, checkpoint_dir: str | None,
                        last_checkpoint: int | None, *, at_end: bool = False) -> None:
@@ -67,11 +68,19 @@ class EngineHealth:
       kept = f"The last healthy checkpoint, step {last_checkpoint}, is kept in {checkpoint_dir}."
     else:
       kept = "No checkpoint was saved before it."
+    losses = (f"smoothed loss {self.loss:.4g}, against {self.first_loss:.4g} at the start and "
+              f"{self.best_loss:.4g} at its best; gain {self.gain:.3g}{lr}")
+    jumps = (f"skipped {self.gradient_jumps} steps whose gradient exploded"
+             if self.gradient_jumps else "")
+    if self.diverged_at >= 0:
+      what = (f"diverged at step {self.diverged_at + 1} ({losses}) and stayed diverged for "
+              f"{self.diverged_steps} steps in all, {self.stalled_steps} of them without its "
+              f"loss falling, with the LR cut to {self.lr_scale:.3g}x"
+              + (f", and {jumps}" if jumps else ""))
+    else:
+      what = f"{jumps} ({losses})"
     raise DivergedError(
-        f"stopped: the adaptive run diverged at step {self.diverged_at + 1} (smoothed loss "
-        f"{self.loss:.4g}, against {self.first_loss:.4g} at the start and {self.best_loss:.4g} at "
-        f"its best; gain {self.gain:.3g}{lr}) and stayed diverged for {self.diverged_steps} "
-        f"steps in all, with the LR cut to {self.lr_scale:.3g}x. {kept} Lower the baseline's learning "
+        f"stopped: the adaptive run {what}. {kept} Lower the baseline's learning "
         f"rate, or clip the gradient norm (grad_clip_norm), and start a new --workdir.")
 
 
