@@ -37,8 +37,8 @@ every `CUT_EVERY` diverged steps unless `fast` fell by more than FALL_SHARE ·
 start in those steps (floor `MIN_LR_SCALE`): a run that is recovering keeps
 the LR it recovers at. Healthy steps win the scale back, ×2 per
 `RECOVERY_STEPS`. A diverged step is stalled when `fast` has not fallen that
-far since the last look (or it is the first of a divergence, or its loss is
-not finite). After `patience` stalled steps and skipped gradient jumps in
+far since the last look, or `ema` is still at the blow-up level (or it is the
+first of a divergence, or its loss is not finite). After `patience` stalled steps and skipped gradient jumps in
 all (a run that keeps relapsing counts every time) the engine gives up for
 good: every update is zero, and `gave_up(opt_state)` says so.
 
@@ -192,7 +192,9 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
                              progress_fraction)
   starts = diverged & (state.diverged_steps == 0)
   look = diverged & (state.diverged_steps % CUT_EVERY == 0)
-  stalled = diverged & (starts | ~finite | ~(fast < state.checked - FALL_SHARE * start))
+  # Above the blow-up level a wild loss "falls" by chance half the time: not a recovery.
+  falling = (fast < state.checked - FALL_SHARE * start) & (ema < BLOW_UP * start)
+  stalled = diverged & (starts | ~finite | ~falling)
   cut = look & stalled
   # A healthy run's scale stays exactly 1.0 (min(1.0 × growth, 1.0)).
   lr_scale = jnp.where(cut, jnp.maximum(state.lr_scale * 0.5, MIN_LR_SCALE),

@@ -70,8 +70,10 @@ class EngineHealth:
       kept = "No checkpoint was saved before it."
     losses = (f"smoothed loss {self.loss:.4g}, against {self.first_loss:.4g} at the start and "
               f"{self.best_loss:.4g} at its best; gain {self.gain:.3g}{lr}")
-    jumps = (f"skipped {self.gradient_jumps} steps whose gradient exploded"
-             if self.gradient_jumps else "")
+    jumps = ""
+    if self.gradient_jumps:
+      steps = "step" if self.gradient_jumps == 1 else "steps"
+      jumps = f"skipped {self.gradient_jumps} {steps} whose gradient exploded"
     if self.diverged_at >= 0:
       what = (f"diverged at step {self.diverged_at + 1} ({losses}) and stayed diverged for "
               f"{self.diverged_steps} steps in all, {self.stalled_steps} of them without its "
