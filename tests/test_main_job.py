@@ -100,7 +100,8 @@ def test_a_stopped_run_is_a_row_and_misses_its_bar(tmp_path):
   table = job.seeds_table(per_seed)
   assert "| DATE adaptive, batch grown to 16x | 512 | stopped (diverged) in 1 of 2 |" in table
   assert ("- DATE adaptive, batch grown to 16x: stopped by the divergence watch in 1 of 2 seeds "
-          "(bar: ≥ −1.0 point, ≤ 0.125 of the steps, ≤ 2.5× the examples): NOT met") in table
+          "(bar: ≥ −1.0 point, ≤ 0.125 of the steps, ≤ 2.5× the examples): NOT met"
+          ) in table
   one_seed = job.markdown_table(
       [dict(per_seed[0]["runs"][0], examples=32_000, epochs=4, wall_seconds=1.0),
        dict(stopped, examples=28_800, epochs=3.6, wall_seconds=1.0, largest_batch=256)])

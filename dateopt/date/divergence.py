@@ -38,9 +38,10 @@ start in those steps (floor `MIN_LR_SCALE`): a run that is recovering keeps
 the LR it recovers at. Healthy steps win the scale back, ×2 per
 `RECOVERY_STEPS`. A diverged step is stalled when `fast` has not fallen that
 far since the last look, or `ema` is still at the blow-up level (or it is the
-first of a divergence, or its loss is not finite). After `patience` stalled steps and skipped gradient jumps in
-all (a run that keeps relapsing counts every time) the engine gives up for
-good: every update is zero, and `gave_up(opt_state)` says so.
+first of a divergence, or its loss is not finite). After `patience` stalled
+steps and skipped gradient jumps in all (a run that keeps relapsing counts
+every time) the engine gives up for good: every update is zero, and
+`gave_up(opt_state)` says so.
 
 `gradient_jump` (a gradient `GRADIENT_JUMP` × its expected squared norm) is
 the watch's third test: `adaptive` skips such a step (`count_gradient_jump`),
