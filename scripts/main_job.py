@@ -111,9 +111,10 @@ def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
 def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) -> dict:
   """The row of a run the divergence watch stopped, from its metrics: its last logged step,
   the examples it had read, no accuracy (its model is the diverged one)."""
-  logged = [r for r in read_metrics(workdir) if "examples_seen" in r]
+  rows = read_metrics(workdir)
+  logged = [r for r in rows if "examples_seen" in r]
   last = logged[-1] if logged else {"step": 0, "examples_seen": 0}
-  batches = [r["train/batch_size"] for r in read_metrics(workdir) if "train/batch_size" in r]
+  batches = [r["train/batch_size"] for r in rows if "train/batch_size" in r]
   return {
       "run": name, "workdir": workdir, "batch": config.batch_size, "steps": last["step"],
       "predicted_steps": None, "examples": last["examples_seen"],
@@ -122,6 +123,10 @@ def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) ->
       "examples_vs_baseline": float("nan"),  # set against the baseline's row by run_job
       "accuracy": float("nan"), "wall_seconds": seconds, "guard_skipped": 0,
       "guard_lr_multiplier": 1.0, "steps_per_second": float("nan"), "stopped": reason}
+
+
+def _stopped_count(rows: list[dict]) -> int:
+  return sum(bool(r.get("stopped")) for r in rows)
 
 
 def _accuracy_cell(row: dict) -> str:
@@ -214,7 +219,7 @@ def seeds_table(per_seed: list[dict]) -> str:
            f"| predicted steps | examples × baseline | guard skips (total) |",
            "|---|---:|---:|---:|---:|---:|---:|"]
   for name, rows in by_name.items():
-    stopped = sum(bool(r.get("stopped")) for r in rows)
+    stopped = _stopped_count(rows)
     accuracy = f"stopped (diverged) in {stopped} of {len(rows)}"
     if not stopped:
       accuracy = "{:.2f} ± {:.2f}%".format(*_mean_std([100 * r["accuracy"] for r in rows]))
@@ -253,7 +258,7 @@ def bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
       met = step_bar is None or fraction <= step_bar
     verdict = "met" if met and acc >= -1.0 else "NOT met"
     bar = f"≥ −1.0 point, {bar}" if bar else "≥ −1.0 point"
-    stopped = sum(bool(r.get("stopped")) for r in rows)
+    stopped = _stopped_count(rows)
     if stopped:  # a stopped seed has no accuracy: the bar is missed, whatever the others did
       lines.append(f"- {name}: stopped by the divergence watch in {stopped} of {len(rows)} "
                    f"seeds (bar: {bar}): NOT met")

@@ -214,7 +214,7 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
       state.holds + _rising(count, start, fast, best).astype(jnp.int32),
       state.gradient_jumps, state.gains_held,
       lr_scale,
-      state.gave_up | (stalled_total + state.gradient_jumps >= patience))
+      state.gave_up | _out_of_patience(stalled_total, state.gradient_jumps, patience))
 
 
 def count_gradient_jump(state: DivergenceWatchState, jump: jax.Array, *,
@@ -222,8 +222,13 @@ def count_gradient_jump(state: DivergenceWatchState, jump: jax.Array, *,
   """The watch after a step that `adaptive` skipped (`jump`) or not: skipped steps count
   toward the patience with the stalled ones."""
   jumps = state.gradient_jumps + jnp.asarray(jump, jnp.int32)
-  return state._replace(gradient_jumps=jumps,
-                        gave_up=state.gave_up | (state.stalled_total + jumps >= patience))
+  return state._replace(gradient_jumps=jumps, gave_up=state.gave_up | _out_of_patience(
+      state.stalled_total, jumps, patience))
+
+
+def _out_of_patience(stalled_total, gradient_jumps, patience: int) -> jax.Array:
+  """The give-up rule: stalled steps and skipped gradient jumps, counted together."""
+  return stalled_total + gradient_jumps >= patience
 
 
 def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
