@@ -143,15 +143,17 @@ def test_growth_report_by_hand():
       _row("adaptive", 16, 0, 0.97, 200, [(200, 0.97)]),     # 200 steps, 102,400 examples
       _row("adaptive", 64, 0, 0.97, 100, [(100, 0.97)]),     # 100 steps, 204,800 examples
       dict(_row("adaptive_grow", 64, 0, 0.965, 120, [(120, 0.965)]), examples=80_000,
-           largest_batch=1024),                            # below both fixed runs
+           largest_batch=1024, wall_seconds=2.0),          # below both fixed runs
       dict(_row("adaptive_grow", 64, 1, 0.965, 210, [(210, 0.965)]), examples=150_000,
-           largest_batch=2048),                            # 16x took fewer steps, fewer examples
+           largest_batch=2048, wall_seconds=5.0),          # 16x took fewer steps, fewer examples
   ]
+  rows[3]["wall_seconds"] = 9.0  # fixed 64x
   text = study.growth_report(rows)
   # Baseline: 1000 steps x 32, 97%. Fixed 64x: 100 steps, 6.40x. Grown: 165 steps, 115,000
-  # examples = 3.59x (0.56 of fixed), 96.5%.
-  assert ("| w | 64 | 2 | 100 | 165 | 1.65 | 6.40 | 3.59 | 0.56 | -0.50 points | 2,048 | 1/2 |"
-          in text)
+  # examples = 3.59x (0.56 of fixed), 96.5%; wall seconds 9 (fixed) and (2 + 5)/2 = 3.5,
+  # printed to the second (round half to even: 4).
+  assert ("| w | 64 | 2 | 100 | 165 | 1.65 | 6.40 | 3.59 | 0.56 | -0.50 points | 2,048 | 1/2 "
+          "| 9 | 4 |" in text)
   assert not study.dominated(rows[4], [rows[2], rows[3]])
   assert study.dominated(rows[5], [rows[2], rows[3]])
 

@@ -284,12 +284,13 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
   these at 64x: ≤ 1.3x the steps, ≤ 0.6x (LSTM) or 0.5x (ResNet) the examples,
   within `tolerance` points). "dominated" counts the grown runs (seeds) for
   which some fixed-batch run of the workload, at any k, took as few steps
-  with fewer examples: the Pareto claim wants 0.
+  with fewer examples: the Pareto claim wants 0. The wall seconds (means) say
+  what the trade is worth where a step's time follows its examples (a CPU).
   """
   lines = ["| workload | k | seeds | fixed steps | grown steps | steps ratio | fixed examples x B0·T0 "
            "| grown examples x B0·T0 | examples ratio | grown accuracy vs baseline | largest batch "
-           "| dominated |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| dominated | fixed wall s | grown wall s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   mean = lambda members, key: statistics.mean(r[key] for r in members)
   for workload in sorted({r["workload"] for r in rows}):
     of = lambda strategy, k=None: [r for r in rows if r["workload"] == workload
@@ -307,7 +308,8 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
           f"| {mean(fixed, 'examples') / budget:.2f} | {mean(grown, 'examples') / budget:.2f} "
           f"| {mean(grown, 'examples') / mean(fixed, 'examples'):.2f} | {accuracy:+.2f} points "
           f"| {max(r.get('largest_batch', r['batch']) for r in grown):,} "
-          f"| {sum(dominated(run, of('adaptive')) for run in grown)}/{len(grown)} |")
+          f"| {sum(dominated(run, of('adaptive')) for run in grown)}/{len(grown)} "
+          f"| {mean(fixed, 'wall_seconds'):,.0f} | {mean(grown, 'wall_seconds'):,.0f} |")
   return "\n".join(lines) if len(lines) > 2 else ""
 
 
