@@ -8,6 +8,7 @@ jax for the compilations, and an uninterrupted run for a resumed one.
 
 import json
 import logging
+import re
 import shutil
 
 import jax
@@ -263,19 +264,28 @@ def _growing_config(**overrides):
 
 
 def _train_step_compilations_of_a_run(config, workdir):
-  """(result, train-step programs XLA compiled during the run), read from jax's compile log."""
+  """(result, {batch: threads}: the threads that compiled a train-step program for each
+  batch during the run), from jax's compile log (set for every thread: rungs compiled ahead
+  compile in a thread of their own)."""
   from dateopt import train
   messages = []
   handler = logging.Handler()
-  handler.emit = lambda record: messages.append(record.getMessage())
+  handler.emit = lambda record: messages.append((record.threadName, record.getMessage()))
   logger = logging.getLogger("jax")
   logger.addHandler(handler)
+  logs_compiles = jax.config.jax_log_compiles
+  jax.config.update("jax_log_compiles", True)
   try:
-    with jax.log_compiles(True):
-      result = train.train_and_evaluate(config, workdir)
+    result = train.train_and_evaluate(config, workdir)
   finally:
+    jax.config.update("jax_log_compiles", logs_compiles)
     logger.removeHandler(handler)
-  return result, sum(m.startswith("Compiling jit(train_step)") for m in messages)
+  compiled = {}
+  for thread, message in messages:
+    if message.startswith("Compiling jit(train_step)"):  # (batch, 40, 1): the inputs' shape
+      batch = int(re.search(r"float32\[(\d+),40,1\]", message).group(1))
+      compiled.setdefault(batch, []).append(thread)
+  return result, compiled
 
 
 def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(tmp_path):
@@ -288,7 +298,7 @@ def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(
   rungs = [b for _, b in changes]
   assert result.largest_batch_size == rungs[-1] and len(rungs) >= 3
   assert result.train_step_compilations == len(rungs)
-  assert compiles == len(rungs)  # one program per rung, none compiled twice
+  assert compiles == {b: ["MainThread"] for b in rungs}  # one program per rung, none twice
   # The examples are the sum of every step's batch.
   batch_at = lambda step: max(b for s, b in changes if s <= step)
   assert result.examples == sum(batch_at(s) for s in range(1, result.steps + 1))
@@ -297,6 +307,19 @@ def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(
   assert summary["run/largest_batch_size"] == result.largest_batch_size
   assert summary["run/examples_vs_baseline"] == pytest.approx(result.examples / (120 * 16))
   assert max(r["step"] for r in rows) == result.steps  # nothing after the run's end
+  # The rungs compiled ahead in a thread (dateopt.train.rungs): the same run to the bit, and
+  # still one program per rung, none compiled twice.
+  ahead, compiles_ahead = _train_step_compilations_of_a_run(
+      _growing_config(compile_rungs_ahead=True), str(tmp_path / "ahead"))
+  # The first rung compiled by the loop, the others each once in the compile thread (the
+  # one never reached, too, where the thread got to it before the run ended).
+  assert compiles_ahead.pop(16) == ["MainThread"]
+  assert set(rungs[1:]) <= set(compiles_ahead) <= {32, 64, 128}
+  assert all(threads == ["rung-compile_0"] for threads in compiles_ahead.values())
+  assert ahead.train_step_compilations >= len(rungs)
+  ahead_rows = [json.loads(line) for line in open(tmp_path / "ahead" / "metrics.jsonl")]
+  losses = lambda rows: [(r["step"], r["train/loss"]) for r in rows if "train/loss" in r]
+  assert losses(ahead_rows) == losses(rows) and ahead.examples == result.examples
 
 
 def test_trainer_grows_with_gradient_accumulation(tmp_path):
@@ -326,3 +349,11 @@ def test_a_run_killed_mid_ramp_resumes_bit_exact(tmp_path):
   assert resumed.largest_batch_size == whole.largest_batch_size
   for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_compile_rungs_ahead_takes_a_bool():
+  from dateopt import train
+  config = _growing_config()
+  config.compile_rungs_ahead = None
+  with pytest.raises(TypeError, match="config.compile_rungs_ahead must be True or False; got None"):
+    train.build_experiment(config)

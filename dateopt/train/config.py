@@ -69,6 +69,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Adaptive runs: diverged steps in all before the run stops with status 1 (0: never;
   # see dateopt.date.divergence).
   c.divergence_patience = 100
+  # A growing batch's train step for every rung, compiled in a background thread while the
+  # run trains (dateopt.train.rungs).
+  c.compile_rungs_ahead = False
   # Loop.
   c.num_train_steps = -1  # -1: the recipe's epochs.
   c.log_every_steps = 50

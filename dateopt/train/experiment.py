@@ -26,7 +26,7 @@ from dateopt import data as data_lib
 from dateopt import date
 from dateopt import masks
 from dateopt import models
-from dateopt.train import parallel, polish, profiling
+from dateopt.train import parallel, polish, profiling, rungs
 from dateopt.train import config as config_lib
 from dateopt.train.cadence import Cadence
 from dateopt.train.layout import BatchLayout
@@ -58,6 +58,11 @@ class Experiment:
   def grows(self) -> bool:
     """Whether the batch grows (DATE adaptive with `grow_batch`)."""
     return self.recipe.grow_batch
+
+  @property
+  def compiles_rungs_ahead(self) -> bool:
+    """Whether a growing run compiles its rungs in background threads (`dateopt.train.rungs`)."""
+    return self.grows and self.config.compile_rungs_ahead
 
   @property
   def cadence(self) -> Cadence:
@@ -125,6 +130,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   config_lib.check_optional_ints(config)
   config_lib.check_loop_fields(config)
   profiling.parse_profile_steps(config.profile_steps)
+  rungs.check_mode(config.compile_rungs_ahead)
   with _config_field("config.dataset_kwargs"):
     dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
                                    **config_lib.to_dict(config.dataset_kwargs))

@@ -31,7 +31,7 @@ import optax
 
 from dateopt import date
 from dateopt.train import config as config_lib
-from dateopt.train import nonfinite, parallel, polish, preemption, profiling, workdirs
+from dateopt.train import nonfinite, parallel, polish, preemption, profiling, rungs, workdirs
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
 from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.evaluation import evaluate, make_eval_fn
@@ -89,6 +89,10 @@ class TrainLoop:
     self.clock = StepClock(exp.recipe.batch_size)
     # Noise measured on 1 step in N: a Python flag per step, so two compiled programs.
     self.measures_some_steps = exp.layout.grad_groups > 1 and exp.config.measure_every_steps > 1
+    self.rung_programs = rungs.RungPrograms(
+        self.step_fn, ladder=exp.batch_sizes, enabled=exp.compiles_rungs_ahead,
+        measure_flags=(True, False) if self.measures_some_steps else (None,))
+    cleanup.callback(self.rung_programs.close)
     self.trace = profiling.StepTrace.from_config(exp.config.profile_steps, workdir)
     cleanup.callback(self.trace.close)  # a run that ends inside the window keeps its trace
     self.watch = nonfinite.NonFiniteWatch(
@@ -161,6 +165,7 @@ class TrainLoop:
     waiting = time.perf_counter()  # the host's wait for the batch: is the step input-bound?
     inputs = self.feed.next()
     waited = time.perf_counter() - waiting
+    self.rung_programs.step_at(batch, self.state, inputs, record_statistics=record)
     self.state, self.metrics = self.step_fn(self.state, inputs, record_statistics=record,
                                               measure_noise=measure)
     stops.stepping()  # a signal now waits for this step and saves it
