@@ -322,12 +322,18 @@ def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(
   assert losses(ahead_rows) == losses(rows) and ahead.examples == result.examples
 
 
-def test_trainer_grows_with_gradient_accumulation(tmp_path):
-  from dateopt import train
-  result = train.train_and_evaluate(_growing_config(grad_accum_steps=2), str(tmp_path))
+def test_trainer_grows_with_gradient_accumulation_and_rungs_compiled_ahead(tmp_path):
+  # Noise measured on 1 step in 2: two programs a rung (measuring or not), and the compile
+  # thread builds both for each rung above the first.
+  config = _growing_config(grad_accum_steps=2, measure_every_steps=2, compile_rungs_ahead=True)
+  result, compiles = _train_step_compilations_of_a_run(config, str(tmp_path))
   assert result.largest_batch_size >= 64
-  assert result.train_step_compilations == len(
-      [b for b in (16, 32, 64, 128) if b <= result.largest_batch_size])
+  assert compiles.pop(16) == ["MainThread"] * 2  # steps 1 and 2: the loop's own
+  reached = [b for b in (32, 64, 128) if b <= result.largest_batch_size]
+  assert all(compiles.pop(b) == ["rung-compile_0"] * 2 for b in reached)
+  # A rung never reached: what the thread got to before the run ended, once at most.
+  assert all(len(threads) <= 2 and set(threads) == {"rung-compile_0"}
+             for threads in compiles.values())
 
 
 def test_growing_ladder_refuses_a_max_the_layout_cannot_split(tmp_path):

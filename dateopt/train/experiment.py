@@ -61,7 +61,7 @@ class Experiment:
 
   @property
   def compiles_rungs_ahead(self) -> bool:
-    """Whether a growing run compiles its rungs in background threads (`dateopt.train.rungs`)."""
+    """Whether a growing run compiles its rungs in a background thread (`dateopt.train.rungs`)."""
     return self.grows and self.config.compile_rungs_ahead
 
   @property

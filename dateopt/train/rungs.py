@@ -1,4 +1,4 @@
-"""A growing batch's train-step programs, compiled ahead in background threads.
+"""A growing batch's train-step programs, compiled ahead in a background thread.
 
 A growing run (DATE's `grow_batch`) trains one program per rung of its
 ladder. Compiled when the run first steps at a rung, each one stops the run
