@@ -130,7 +130,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   config_lib.check_optional_ints(config)
   config_lib.check_loop_fields(config)
   profiling.parse_profile_steps(config.profile_steps)
-  rungs.check_mode(config.compile_rungs_ahead)
+  rungs.check_config(config.compile_rungs_ahead)
   with _config_field("config.dataset_kwargs"):
     dataset = data_lib.get_dataset(config.dataset, data_dir=config.data_dir,
                                    **config_lib.to_dict(config.dataset_kwargs))

@@ -37,7 +37,8 @@ import jax
 
 from dateopt.validation import check_type
 
-def check_mode(value: Any) -> None:
+
+def check_config(value: Any) -> None:
   """Raises TypeError naming `config.compile_rungs_ahead` unless `value` is a bool."""
   check_type("config.compile_rungs_ahead", value, bool, what="True or False")
 
