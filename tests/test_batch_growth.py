@@ -137,6 +137,22 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
   assert float(state.progress) - before == pytest.approx(1.0)  # gain of 32 over 32
 
 
+def test_the_batch_waits_until_the_loss_has_fallen_to_learnt_times_its_start():
+  """A plateau's measured noise scale is high, but the climb waits for the run to learn."""
+  tx = _engine((32, 64, 128))
+  params = {"w": jnp.ones(2)}
+  state, update, seen = tx.init(params), jax.jit(tx.update), []
+  losses = [2.3] * 50 + [1.9] * 20 + [1.4] * 30
+  for loss in losses:
+    batch = int(date.next_batch_size(state))
+    seen.append(batch)
+    _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch),
+                      value=loss)
+  # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
+  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 80 climbs, none at 20, 40 or 60.
+  assert seen[:80] == [32] * 80 and seen[80:] == [64] * 20
+
+
 def test_fixed_batch_engine_asks_for_its_batch_and_refuses_a_bad_ladder():
   fixed = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                         optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,

@@ -320,6 +320,16 @@ def test_the_stop_message_names_the_skipped_gradients():
     health.raise_if_gave_up(3.93, None, None)
 
 
+def test_has_learnt_waits_for_the_smoothed_loss_at_learnt_times_the_start():
+  """0.8 · 2.3 = 1.84. The watch's mean weighs its first 20 losses equally (2.05 after ten 2.3s
+  and ten 1.8s), then decays at 0.95: 1.8 + 0.25 · 0.95ᵐ ≤ 1.84 at m = 36, the 46th 1.8.
+  A 1.9 plateau never gets there."""
+  for losses, learnt in [([2.3] * 10 + [1.9] * 200, False), ([2.3] * 10 + [1.8] * 30, False),
+                         ([2.3] * 10 + [1.8] * 60, True), ([2.3] * 5, False)]:
+    watch, _ = _watch(losses)
+    assert bool(divergence.has_learnt(watch)) == learnt, losses[-1]
+
+
 def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():
   tx, params = _engine(), {"w": jnp.ones(2)}
   state = tx.init(params)

@@ -27,6 +27,7 @@ from dateopt.date.divergence import (
     DivergenceWatchState,
     diverged,
     gave_up,
+    has_learnt,
 )
 from dateopt.date.progress import (
     GAIN_RISE,
@@ -120,6 +121,7 @@ __all__ = [
     "explain",
     "gain_from_estimates",
     "gave_up",
+    "has_learnt",
     "grouped_value_and_grad",
     "init_noise_scale",
     "measure_noise_scale",

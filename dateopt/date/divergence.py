@@ -15,9 +15,11 @@ in its first steps cannot lift it); `ema`, an exponential mean of the loss
 2 · BLOW_UP · start so that one wild batch cannot trip a rule); `fast`, the
 same at decay `FAST_DECAY`; and `best`, the lowest `ema` so far.
 
-A loss on its way up: once the run has learnt (best ≤ LEARNT · start) and
-`fast` has given back `HOLD_SHARE` of it (`loss_rising`), `adaptive` takes
-no noise measurement and walks at gain 1, the baseline's pace.
+A loss on its way up: once the run has learnt (best ≤ LEARNT · start,
+`has_learnt`) and `fast` has given back `HOLD_SHARE` of it (`loss_rising`),
+`adaptive` takes no noise measurement, walks at gain 1 (the baseline's pace)
+and does not grow the batch. A growing batch also waits until the run
+`has_learnt`.
 
 A step is diverged when, `FIRST_LOSSES` losses in, one of these holds:
 
@@ -147,7 +149,7 @@ def init_watch() -> DivergenceWatchState:
 def _judge(was_diverged, count, start, ema, best, progress_fraction) -> jax.Array:
   """Whether the step is diverged: a rule meets a healthy run, or a diverged one has not
   recovered (see the module docstring)."""
-  learnt = best <= LEARNT * start
+  learnt = _learnt(start, best)
   moved = best <= STALL_DROP * start
   give_back = ema - best
   blow_up = ema >= BLOW_UP * start
@@ -254,8 +256,12 @@ def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
           & (jnp.asarray(sq_norms.big, jnp.float32) > GRADIENT_JUMP * expected))
 
 
+def _learnt(start, best) -> jax.Array:
+  return best <= LEARNT * start
+
+
 def _rising(count, first, ema, best) -> jax.Array:
-  return ((count >= FIRST_LOSSES) & (best <= LEARNT * first)
+  return ((count >= FIRST_LOSSES) & _learnt(first, best)
           & (ema - best > HOLD_SHARE * (first - best)))
 
 
@@ -269,6 +275,23 @@ def loss_rising(state: DivergenceWatchState) -> jax.Array:
   the noise, and walks at the baseline's pace (gain 1) until the loss is back.
   """
   return _rising(state.count, jnp.minimum(state.first, state.initial), state.fast, state.best)
+
+
+def has_learnt(state: DivergenceWatchState) -> jax.Array:
+  """Whether the run's smoothed loss has fallen to `LEARNT` × its start (`FIRST_LOSSES` in).
+
+  `adaptive` grows the batch only then: a climb on an LSTM's chance plateau
+  raised the LR to where the run blew up or raced (notes/batch_growth.md).
+
+    >>> watch = init_watch()
+    >>> for loss in [2.3] * 10 + [1.5] * 40:
+    ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
+    ...                        progress_fraction=jnp.float32(0.1), patience=100)
+    >>> bool(has_learnt(watch))
+    True
+  """
+  start = jnp.minimum(state.first, state.initial)
+  return (state.count >= FIRST_LOSSES) & _learnt(start, state.best)
 
 
 def _watch(opt_state: Any) -> DivergenceWatchState:

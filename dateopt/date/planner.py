@@ -9,6 +9,7 @@ import warnings
 from typing import Mapping, Sequence
 
 from dateopt import schedules
+from dateopt.date.divergence import LEARNT
 from dateopt.date.noise import expected_efficiency, predicted_steps
 from dateopt.date.progress import GROWTH_INTERVAL, batch_ladder, predicted_budget
 from dateopt.date.recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, STEP_PRICE, Recipe
@@ -230,7 +231,8 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
     why["warmup_epochs"] = (f"LEGW: the baseline's {warmup} steps, at the first rung, "
                             f"a ramp from 0")
     why["grow_batch"] = (f"start at {ladder[0]}, one rung up every {GROWTH_INTERVAL} steps "
-                         f"after the warmup while B·B_next ≤ {step_price:g}·{batch_size:,}·"
+                         f"after the warmup, once the loss has fallen to {LEARNT:g} × its "
+                         f"start, while B·B_next ≤ {step_price:g}·{batch_size:,}·"
                          f"B_noise (a step priced at {step_price:g} × {batch_size:,} examples), "
                          f"never down (Smith et al. 2018; McCandlish et al. 2018)")
     why["step_price"] = (f"a step costs {step_price:g} × {batch_size:,} examples: the ladder "
