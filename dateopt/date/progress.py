@@ -425,7 +425,9 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   credits its fraction, and the batch climbs `batch_sizes` by the growth rule
   (`wants_next_rung`). `noise_scales` is B_noise as one number, or a profile:
   values at equally spaced points of the baseline's progress (e.g. what the
-  baseline logged). A one-rung ladder is a fixed batch.
+  baseline logged). A one-rung ladder is a fixed batch. The play-out assumes the
+  loss falls from the first step: a plateau before the run `has_learnt` keeps a
+  real run on its first rung longer (the study LSTM: 120–200 steps at batch 32).
 
   Returns:
     {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.
