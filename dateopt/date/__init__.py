@@ -28,6 +28,7 @@ from dateopt.date.divergence import (
     diverged,
     gave_up,
     has_learnt,
+    may_grow_batch,
 )
 from dateopt.date.progress import (
     GAIN_RISE,
@@ -124,6 +125,7 @@ __all__ = [
     "grouped_value_and_grad",
     "has_learnt",
     "init_noise_scale",
+    "may_grow_batch",
     "measure_noise_scale",
     "next_batch_size",
     "no_measurement",

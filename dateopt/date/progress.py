@@ -39,7 +39,10 @@ climb before the run has learnt (its smoothed loss at `LEARNT` × its start,
 `dateopt.date.divergence.has_learnt`, when the loss is given as `value=`):
 on an LSTM's chance plateau the measured noise scale is high, and a climb
 there raised the LR to where the run blew up or raced to its end. Nor does it
-climb while the divergence watch holds the gain (a rising loss). The gain and
+climb while the divergence watch holds the gain (a rising loss), or while the
+loss sits above its best by more than `CLIMB_SHARE` of its gains
+(`dateopt.date.divergence.may_grow_batch`): a smaller wobble's noise reading
+took the study LSTM up two rungs in 40 steps. The gain and
 the progress are those of the batch each step really had
 (`GradientSqNorms.big_batch_size`), so a loop that follows the engine late
 loses nothing. `next_batch_size(opt_state)` is the batch the
@@ -76,9 +79,9 @@ from dateopt.date.divergence import (
     DivergenceWatchState,
     count_gradient_jump,
     gradient_jump,
-    has_learnt,
     init_watch,
     loss_rising,
+    may_grow_batch,
     update_watch,
 )
 from dateopt.date.noise import (
@@ -357,7 +360,7 @@ def adaptive(
       next_batch = state.batch_size
       if ladder:
         # A rising loss's noise says nothing of the batch; nor does a plateau's.
-        may_climb = (steady & has_learnt(watch)) if watching else steady
+        may_climb = (steady & may_grow_batch(watch)) if watching else steady
         next_batch = jnp.where(may_climb,
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
                                       step_price, growth_interval),
