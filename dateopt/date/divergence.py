@@ -270,6 +270,11 @@ def _rising(count, first, ema, best) -> jax.Array:
           & (ema - best > HOLD_SHARE * (first - best)))
 
 
+def _start(state: DivergenceWatchState) -> jax.Array:
+  """The loss the run's gains are measured from (as `update_watch` takes it)."""
+  return jnp.minimum(state.first, state.initial)
+
+
 def loss_rising(state: DivergenceWatchState) -> jax.Array:
   """Whether the run had learnt and its loss (a 5-step mean) has given back more than
   `HOLD_SHARE` of it.
@@ -279,7 +284,7 @@ def loss_rising(state: DivergenceWatchState) -> jax.Array:
   steps as its loss rose from 0.6 to 2.2): `adaptive` then does not measure
   the noise, and walks at the baseline's pace (gain 1) until the loss is back.
   """
-  return _rising(state.count, jnp.minimum(state.first, state.initial), state.fast, state.best)
+  return _rising(state.count, _start(state), state.fast, state.best)
 
 
 def has_learnt(state: DivergenceWatchState) -> jax.Array:
@@ -295,8 +300,7 @@ def has_learnt(state: DivergenceWatchState) -> jax.Array:
     >>> bool(has_learnt(watch))
     True
   """
-  start = jnp.minimum(state.first, state.initial)
-  return (state.count >= FIRST_LOSSES) & _learnt(start, state.best)
+  return (state.count >= FIRST_LOSSES) & _learnt(_start(state), state.best)
 
 
 def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
@@ -320,8 +324,8 @@ def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
     >>> bool(may_grow_batch(watch)), bool(loss_rising(watch))
     (False, False)
   """
-  start = jnp.minimum(state.first, state.initial)
-  return has_learnt(state) & (state.fast - state.best <= CLIMB_SHARE * (start - state.best))
+  gains = _start(state) - state.best
+  return has_learnt(state) & (state.fast - state.best <= CLIMB_SHARE * gains)
 
 
 def _watch(opt_state: Any) -> DivergenceWatchState:

@@ -359,7 +359,7 @@ def adaptive(
       count = state.count + 1
       next_batch = state.batch_size
       if ladder:
-        # A rising loss's noise says nothing of the batch; nor does a plateau's.
+        # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
         may_climb = (steady & may_grow_batch(watch)) if watching else steady
         next_batch = jnp.where(may_climb,
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
