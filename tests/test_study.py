@@ -158,6 +158,42 @@ def test_growth_report_by_hand():
   assert study.dominated(rows[5], [rows[2], rows[3]])
 
 
+def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
+  """Fixed runs that read B_noise 100 throughout and grown runs that read 400: the law on each
+  profile, for both recipes, against the closed form (fixed) and the engine's rule played out
+  (grown); a run without its workdir is left out."""
+  runner = study.Study(str(tmp_path), {})
+  base = date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1, learning_rate=0.1,
+                     optimizer="sgd", warmup_epochs=0.1)
+  rows = [dict(_row("baseline", 1, 0, 0.97, 1000, [(1000, 0.97)]))]
+  for strategy, seed, noise, steps in (("adaptive", 0, 100.0, 300), ("adaptive", 1, 100.0, 310),
+                                       ("adaptive_grow", 0, 400.0, 500),
+                                       ("adaptive_grow", 1, 400.0, 520)):
+    rows.append(_row(strategy, 16, seed, 0.97, steps, [(steps, 0.97)]))
+    folder = runner.workdir(study.Cell("w", strategy, 16, seed))
+    os.makedirs(folder)
+    recipe = date.plan(base, 512, "adaptive", grow_batch=strategy == "adaptive_grow")
+    with open(os.path.join(folder, "recipe.json"), "w") as f:
+      json.dump({"planned": recipe.to_dict()}, f)
+    with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
+      for step in range(1, 201):  # progress 5 baseline steps a step: the whole profile
+        f.write(json.dumps({"step": step, "train/loss": 1.0, "train/date/progress": 5.0 * step,
+                            "train/date/noise_scale": noise}) + "\n")
+  rows.append(_row("adaptive_grow", 16, 2, 0.97, 999, [(999, 0.97)]))  # no workdir
+  lines = [line for line in study.law_report(runner, rows).splitlines() if "| w |" in line]
+  ladder = date.batch_ladder(32, 512)
+  for line, noise, measured in zip(lines, (100.0, 400.0), ("305, 4.88x", "510, 8.16x")):
+    grown = date.predicted_budget(noise, base_batch_size=32, batch_sizes=ladder, base_steps=1000,
+                                  warmup_steps=100)
+    fixed = date.predicted_steps(noise, base_batch_size=32, batch_size=512, base_steps=1000,
+                                 warmup_steps=100)
+    assert line == (f"| w | 16 | {'fixed' if noise == 100.0 else 'grown'} runs (2) "
+                    f"| {noise:,.0f} / {noise:,.0f} / {noise:,.0f} / {noise:,.0f} "
+                    f"| {grown['steps']:,} steps, {grown['examples_vs_baseline']:.2f}x "
+                    f"| {fixed:,} steps, {fixed * 512 / 32_000:.2f}x | {measured} |")
+  assert len(lines) == 2
+
+
 def test_study_figures_are_written(tmp_path):
   pytest.importorskip("matplotlib")
   from dateopt.study import figures
@@ -270,8 +306,9 @@ def test_progress_profile_by_hand():
 def test_profile_report_reads_each_runs_metrics(tmp_path):
   runner = study.Study(str(tmp_path), {})
   rows = []
-  for strategy, k, seed, scale in (("baseline", 1, 0, 1.0), ("adaptive", 4, 0, 2.0),
-                                   ("adaptive", 4, 1, 4.0), ("adaptive", 4, 2, 100.0)):
+  for strategy, k, seed, scale in (("baseline", 1, 0, 1.0), ("adaptive_grow", 4, 0, 0.5),
+                                   ("adaptive", 4, 0, 2.0), ("adaptive", 4, 1, 4.0),
+                                   ("adaptive", 4, 2, 100.0)):
     cell = study.Cell("tiny", strategy, k, seed)
     rows.append({"key": cell.key, **vars(cell), "steps": 4 if k == 1 else 2})
     os.makedirs(runner.workdir(cell))
@@ -290,4 +327,6 @@ def test_profile_report_reads_each_runs_metrics(tmp_path):
                       "| 0.250 |")
   assert table[1] == ("| DATE 4x, 3 seeds | 40 | 80 | 120 | 160 | 4.000 | 2.000 | 1.333 "
                       "| 1.000 |")
-  assert len(table) == 2
+  assert table[2] == ("| DATE grown to 4x, 1 seeds | 5 | 10 | 15 | 20 | 0.500 | 0.250 | 0.167 "
+                      "| 0.125 |")  # after the fixed batch of the same k
+  assert len(table) == 3

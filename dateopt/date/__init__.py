@@ -72,6 +72,7 @@ from dateopt.date.planner import (
     LargeBatchWarning,
     explain,
     plan,
+    plan_predicted_budget,
     plan_predicted_steps,
 )
 from dateopt.date.recipe import GAIN_RULES, OPTIMIZERS, STEP_PRICE, Recipe
@@ -134,6 +135,7 @@ __all__ = [
     "optimizer_factory",
     "per_group_value_and_grad",
     "plan",
+    "plan_predicted_budget",
     "plan_predicted_steps",
     "predicted_budget",
     "predicted_steps",

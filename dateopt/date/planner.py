@@ -314,10 +314,28 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
     return predicted_steps(
         profile[0], base_batch_size=recipe.base_batch_size, batch_size=recipe.batch_size,
         base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps)
+  return plan_predicted_budget(recipe, profile)["steps"]
+
+
+def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float]
+                          ) -> dict[str, float]:
+  """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch,
+  by McCandlish's law on `noise_scale` (a number or a profile over the baseline's progress).
+
+  Example:
+    >>> base = Recipe(batch_size=32, num_examples=8000, num_epochs=30,
+    ...               learning_rate=2e-3, optimizer="adam", warmup_epochs=0.25)
+    >>> budget = plan_predicted_budget(plan(base, 512, "adaptive", grow_batch=True), 500.0)
+    >>> budget["steps"], budget["largest_batch_size"], round(budget["examples_vs_baseline"], 2)
+    (1000, 512, 1.88)
+  """
+  if not recipe.adaptive:
+    raise ValueError("plan_predicted_budget: the recipe must be adaptive (base_batch_size "
+                     "set, plan(..., \"adaptive\")); got base_batch_size=None.")
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
-  return predicted_budget(profile, base_batch_size=recipe.base_batch_size, batch_sizes=ladder,
-                          base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps,
-                          step_price=recipe.step_price)["steps"]
+  return predicted_budget(_noise_profile(noise_scale), base_batch_size=recipe.base_batch_size,
+                          batch_sizes=ladder, base_steps=recipe.total_steps,
+                          warmup_steps=recipe.warmup_steps, step_price=recipe.step_price)
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

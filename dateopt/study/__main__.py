@@ -101,6 +101,10 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   growth = report_lib.growth_report(rows)
   if growth:
     text += "\n\n### DATE adaptive, batch grown against fixed, at the same maximum\n\n" + growth
+  law = report_lib.law_report(runner, rows)
+  if law:
+    text += ("\n\n### McCandlish's law on the noise-scale profile each strategy measured\n\n"
+             + law)
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")

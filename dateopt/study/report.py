@@ -9,11 +9,13 @@ Example:
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import statistics
 from typing import Any, Mapping, Sequence
 
+from dateopt import date
 from dateopt.train import metrics
 from dateopt.study.cells import BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES, Cell, finite_median
 from dateopt.study.runner import Study
@@ -206,9 +208,12 @@ def progress_profile(metric_rows: Sequence[Mapping[str, Any]], base_steps: float
 
 
 def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
-  """Markdown: per workload, the baseline's and DATE's `progress_profile` at each k
-  (the median over seeds of each quarter's median), from the runs' `metrics.jsonl`.
+  """Markdown: per workload, the `progress_profile` of the baseline and of DATE, fixed and
+  grown, at each k (the median over seeds of each quarter's median), from the runs'
+  `metrics.jsonl`.
 
+  A grown run measures its own noise scale at its own batches: where its profile sits below
+  the fixed run's, McCandlish's law gives it more steps (notes/batch_growth.md).
   Runs whose workdir is gone (a copy of `cells.jsonl` alone) are left out.
   """
   sections = []
@@ -217,14 +222,15 @@ def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
     if not baselines:
       continue
     base_steps = statistics.mean(r["steps"] for r in baselines)
-    groups: dict[int, list[dict[str, list[float]]]] = {}
+    groups: dict[tuple[int, int], list[dict[str, list[float]]]] = {}
     for row in rows:
-      if row["workload"] != workload or row["strategy"] not in ("baseline", "adaptive"):
+      if row["workload"] != workload or row["strategy"] not in _PROFILED:
         continue
       path = os.path.join(runner.workdir(Cell(workload, row["strategy"], row["multiple"],
                                               row["seed"])), "metrics.jsonl")
       if os.path.exists(path):
-        groups.setdefault(row["multiple"], []).append(
+        group = (row["multiple"], _PROFILED.index(row["strategy"]))
+        groups.setdefault(group, []).append(
             progress_profile(metrics.read_metrics(path), base_steps))
     if groups:
       sections.append(f"#### {workload}: by quarter of progress (baseline steps)\n\n"
@@ -232,16 +238,22 @@ def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   return "\n\n".join(sections)
 
 
-def _profile_table(groups: Mapping[int, Sequence[Mapping[str, list[float]]]]) -> str:
+# The strategies `profile_report` shows, in its order within a k; with their labels.
+_PROFILED = ("baseline", "adaptive", "adaptive_grow")
+_PROFILE_LABELS = ("baseline (1x)", "DATE {k}x", "DATE grown to {k}x")
+
+
+def _profile_table(groups: Mapping[tuple[int, int], Sequence[Mapping[str, list[float]]]]
+                   ) -> str:
   quarters = len(next(iter(groups.values()))[0]["loss"])
   names = [f"Q{q + 1}" for q in range(quarters)]
   lines = ["| run | " + " | ".join(f"B_noise {n}" for n in names) + " | "
            + " | ".join(f"loss {n}" for n in names) + " |",
            "|---|" + "---:|" * (2 * quarters)]
-  for k in sorted(groups):
-    profiles = groups[k]
+  for k, order in sorted(groups):
+    profiles = groups[(k, order)]
     over_seeds = lambda key, q: finite_median(p[key][q] for p in profiles)
-    label = "baseline (1x)" if k == 1 else f"DATE {k}x"
+    label = _PROFILE_LABELS[order].format(k=k)
     lines.append(f"| {label}, {len(profiles)} seeds | "
                  + " | ".join(_number(over_seeds("noise_scale", q), ",.0f") for q in range(quarters))
                  + " | " + " | ".join(_number(over_seeds("loss", q), ".3f") for q in range(quarters))
@@ -311,6 +323,85 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
           f"| {sum(dominated(run, of('adaptive')) for run in grown)}/{len(grown)} "
           f"| {mean(fixed, 'wall_seconds'):,.0f} | {mean(grown, 'wall_seconds'):,.0f} |")
   return "\n".join(lines) if len(lines) > 2 else ""
+
+
+# Points of the progress at which `law_report` reads a measured profile (the study's
+# baselines log ~375; 100 keep a bin's median over a few logged values).
+LAW_POINTS = 100
+
+
+def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
+  """Markdown: McCandlish's law on the noise-scale profile each DATE strategy measured.
+
+  Per workload and k with grown runs: the profile of the fixed runs and that of the grown
+  runs (the median over seeds at `LAW_POINTS` points of the progress, from the runs'
+  `metrics.jsonl`), each played out by `date.plan_predicted_budget` for the grown recipe
+  and the fixed one (the runs' `recipe.json`), beside what the runs took. The law predicts
+  a run from the profile it measures; a bar set on the fixed runs' profile is within a
+  grown run's reach only if the grown run measures that profile (notes/batch_growth.md).
+  Runs whose workdir is gone are left out.
+  """
+  lines = ["| workload | k | profile measured by | its B_noise by quarter | law: grown | law: fixed "
+           "| measured: steps, examples x B0·T0 |", "|---|---:|---|---|---|---|---|"]
+  for workload in sorted({r["workload"] for r in rows}):
+    baselines = [r for r in rows if r["workload"] == workload and r["strategy"] == "baseline"]
+    if not baselines:
+      continue
+    base_steps = statistics.mean(r["steps"] for r in baselines)
+    budget = baselines[0]["steps"] * baselines[0]["batch"]
+    for k in sorted({r["multiple"] for r in rows if r["workload"] == workload
+                     and r["strategy"] == "adaptive_grow"}):
+      measured = {s: _measured_runs(runner, rows, workload, s, k, base_steps)
+                  for s in ("adaptive", "adaptive_grow")}
+      if not all(measured.values()):
+        continue
+      recipes = {s: runs[0][1] for s, runs in measured.items()}
+      for strategy, runs in measured.items():
+        profile = _filled([finite_median(p[i] for _, _, p in runs) for i in range(LAW_POINTS)])
+        grown, fixed = (date.plan_predicted_budget(recipes[s], profile)
+                        for s in ("adaptive_grow", "adaptive"))
+        quarters = [statistics.median(profile[q * LAW_POINTS // 4:(q + 1) * LAW_POINTS // 4])
+                    for q in range(4)]
+        steps = statistics.mean(row["steps"] for row, _, _ in runs)
+        examples = statistics.mean(row["examples"] for row, _, _ in runs) / budget
+        lines.append(
+            f"| {workload} | {k} | {'grown' if strategy == 'adaptive_grow' else 'fixed'} runs "
+            f"({len(runs)}) | {' / '.join(f'{v:,.0f}' for v in quarters)} "
+            f"| {grown['steps']:,} steps, {grown['examples_vs_baseline']:.2f}x "
+            f"| {fixed['steps']:,} steps, {fixed['examples_vs_baseline']:.2f}x "
+            f"| {steps:,.0f}, {examples:.2f}x |")
+  return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _measured_runs(runner: Study, rows, workload: str, strategy: str, k: int,
+                   base_steps: float) -> list[tuple[Mapping[str, Any], Any, list[float]]]:
+  """(row, planned recipe, noise profile at LAW_POINTS) of each run of a cell whose
+  workdir holds its metrics and recipe."""
+  runs = []
+  for row in rows:
+    if (row["workload"], row["strategy"], row["multiple"]) != (workload, strategy, k):
+      continue
+    folder = runner.workdir(Cell(workload, strategy, k, row["seed"]))
+    metrics_path, recipe_path = (os.path.join(folder, name)
+                                 for name in ("metrics.jsonl", "recipe.json"))
+    if os.path.exists(metrics_path) and os.path.exists(recipe_path):
+      with open(recipe_path, encoding="utf-8") as f:
+        recipe = date.Recipe.from_dict(json.load(f)["planned"])
+      profile = progress_profile(metrics.read_metrics(metrics_path), base_steps,
+                                 quarters=LAW_POINTS)["noise_scale"]
+      runs.append((row, recipe, profile))
+  return runs
+
+
+def _filled(profile: Sequence[float]) -> list[float]:
+  """A profile with no gaps: a point without a finite value takes the last one before it (the
+  first one, at the start), and values below one example are read as one (the law's floor)."""
+  finite = [v for v in profile if math.isfinite(v)]
+  filled, last = [], finite[0] if finite else 1.0
+  for value in profile:
+    last = value if math.isfinite(value) else last
+    filled.append(max(last, 1.0))
+  return filled
 
 
 def dominated(run: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> bool:
