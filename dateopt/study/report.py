@@ -341,8 +341,8 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   grown run's reach only if the grown run measures that profile (notes/batch_growth.md).
   Runs whose workdir is gone are left out.
   """
-  lines = ["| workload | k | profile measured by | its B_noise by quarter | law: grown | law: fixed "
-           "| measured: steps, examples x B0·T0 |", "|---|---:|---|---|---|---|---|"]
+  lines = ["| workload | k | profile measured by | its B_noise by quarter | law: grown "
+           "| law: fixed | measured: steps, examples x B0·T0 |", "|---|---:|---|---|---|---|---|"]
   for workload in sorted({r["workload"] for r in rows}):
     baselines = [r for r in rows if r["workload"] == workload and r["strategy"] == "baseline"]
     if not baselines:
@@ -373,8 +373,9 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def _measured_runs(runner: Study, rows, workload: str, strategy: str, k: int,
-                   base_steps: float) -> list[tuple[Mapping[str, Any], Any, list[float]]]:
+def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: str,
+                   strategy: str, k: int, base_steps: float
+                   ) -> list[tuple[Mapping[str, Any], date.Recipe, list[float]]]:
   """(row, planned recipe, noise profile at LAW_POINTS) of each run of a cell whose
   workdir holds its metrics and recipe."""
   runs = []
