@@ -138,20 +138,32 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
   assert float(state.progress) - before == pytest.approx(1.0)  # gain of 32 over 32
 
 
-def test_the_batch_waits_until_the_loss_has_fallen_to_learnt_times_its_start():
-  """A plateau's measured noise scale is high, but the climb waits for the run to learn."""
-  tx = _engine((32, 64, 128))
+def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root_gain():
+  """A plateau's measured noise scale is high: the batch climbs from its first look to
+  EARLY_RUNGS × B0 (256), at a gain held to √(B/B0), and the rest waits for the run to learn."""
+  tx = _engine((32, 64, 128, 256, 512), warmup=50)
   params = {"w": jnp.ones(2)}
-  state, update, seen = tx.init(params), jax.jit(tx.update), []
+  state, update, seen, gains = tx.init(params), jax.jit(tx.update), [], []
   losses = [2.3] * 50 + [1.9] * 20 + [1.4] * 30
   for loss in losses:
     batch = int(date.next_batch_size(state))
     seen.append(batch)
     _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch),
                       value=loss)
+    gains.append(float(state.gain))
+  assert date.EARLY_RUNGS * 32 == 256
+  # Looks at steps 20, 40, 60 (inside the 50-step warmup too): one rung each, up to 256.
+  assert seen[:20] == [32] * 20 and seen[20:40] == [64] * 20 and seen[40:80] == [128] * 20 + [256] * 20
+  # The measured gain at B_noise 1,000 is 1.94 / 3.76 / 7.10; held to √2, √4, √8.
+  for batch, gain in zip(seen[:77], gains[:77]):
+    assert gain == pytest.approx(min(np.sqrt(batch / 32), date.adascale_gain(1000.0, 32, batch)),
+                                 rel=1e-6)
   # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
-  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 80 climbs, none at 20, 40 or 60.
-  assert seen[:80] == [32] * 80 and seen[80:] == [64] * 20
+  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 80 climbs to 512; the gain, free, rises
+  # at most GAIN_RISE a step from √8.
+  assert seen[80:] == [512] * 20
+  rise = 1 + date.GAIN_RISE
+  assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
 
 
 @pytest.mark.parametrize("wobble, first_climb", [(0.5, 100), (0.55, 100), (0.7, 200)])

@@ -36,6 +36,27 @@ def test_noise_scale_ema_skips_non_finite_measurements():
   assert float(date.noise_scale(state)) == pytest.approx(15.0, rel=1e-5)
 
 
+def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
+  """|G|² = 2, tr Σ = 30 for 10 measurements (decay 0.9), then a spike reading |G|² = -500,
+  tr Σ = 3,000 at B = 80: it enters as -4·(2 + 30/80) = -9.5 and 4·30 = 120 (hand arithmetic)."""
+  steady = date.GradientSqNorms(5.0, 2.375, 10, 80)
+  state = date.init_noise_scale()
+  # Before CLIP_AFTER measurements nothing is clipped: the first reading is 30 times the rest.
+  first = date.update_noise_scale(state, date.GradientSqNorms(2 + 900 / 10, 2 + 900 / 80, 10, 80),
+                                  0.9)
+  assert float(first.trace_ema) == pytest.approx(0.1 * 900.0, rel=1e-5)
+  for _ in range(date.noise.CLIP_AFTER):
+    state = date.update_noise_scale(state, steady, 0.9)
+  spike = date.GradientSqNorms(-500 + 3000 / 10, -500 + 3000 / 80, 10, 80)
+  assert [float(x) for x in date.noise_estimates(spike)] == pytest.approx([-500, 3000], rel=1e-5)
+  after = date.update_noise_scale(state, spike, 0.9)
+  assert float(after.grad_sq_ema) == pytest.approx(0.9 * float(state.grad_sq_ema) - 0.95,
+                                                   rel=1e-5)
+  assert float(after.trace_ema) == pytest.approx(0.9 * float(state.trace_ema) + 12.0, rel=1e-5)
+  # Unclipped, the one reading would have turned |G|² negative (B_noise infinite).
+  assert 0.9 * float(state.grad_sq_ema) - 50.0 < 0 < float(after.grad_sq_ema)
+
+
 def test_adascale_gain_and_efficiency():
   # gain = (1 + B_noise/B0)/(1 + B_noise/B) = (1 + 10)/(1 + 1) = 5.5 for S = 10.
   assert date.adascale_gain(1000.0, 100, 1000) == pytest.approx(5.5)

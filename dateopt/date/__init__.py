@@ -31,6 +31,7 @@ from dateopt.date.divergence import (
     may_grow_batch,
 )
 from dateopt.date.progress import (
+    EARLY_RUNGS,
     GAIN_RISE,
     GAIN_SETTLE,
     GROWTH_INTERVAL,
@@ -52,6 +53,7 @@ from dateopt.date.noise import (
     adascale_gain,
     combine_group_grads,
     cross_replica_sq_norms,
+    clip_readings,
     expected_efficiency,
     law_steps,
     gain_from_estimates,
@@ -93,6 +95,7 @@ __all__ = [
     "DIVERGENCE_PATIENCE",
     "DivergenceGuardState",
     "DivergenceWatchState",
+    "EARLY_RUNGS",
     "GAIN_RISE",
     "GAIN_SETTLE",
     "GAIN_RULES",
@@ -113,6 +116,7 @@ __all__ = [
     "bounded_gain",
     "build",
     "build_schedule",
+    "clip_readings",
     "combine_group_grads",
     "compute_statistics",
     "cross_replica_sq_norms",

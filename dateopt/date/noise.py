@@ -238,10 +238,47 @@ def init_noise_scale() -> NoiseScaleState:
   return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32))
 
 
+# A reading may lie at most this many times its expected size from 0 once the EMAs hold
+# `CLIP_AFTER` measurements: one reading then moves an EMA (decay 0.99) at most ~3%.
+READING_CLIP = 4.0
+CLIP_AFTER = 10
+
+
+def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array,
+                  big_batch_size: Any, decay: float, clip: float = READING_CLIP
+                  ) -> tuple[jax.Array, jax.Array]:
+  """Winsorizes one measurement's (|G|², tr Σ) against the EMAs' bias-corrected values.
+
+  tr Σ is clipped to ±`clip` × its EMA, and |G|² (a difference of two squared
+  norms, each about |G|² + tr Σ/b) to ±`clip` × the expected |G_B|² = |G|² +
+  tr Σ/B. A loss spike's readings (tr Σ a hundred times its average on the
+  study LSTM) then move the EMAs a few percent a step instead of tripling the
+  noise scale, and with it the gain, in 20 steps (notes/batch_growth.md); a
+  noise scale that grows tenfold over a thousand steps is followed as before.
+  Before `CLIP_AFTER` measurements nothing is clipped.
+
+  Example:
+    >>> s = init_noise_scale()
+    >>> for _ in range(10):
+    ...   s = update_noise_scale(s, GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
+    >>> # EMAs: |G|² 2, tr Σ 30; expected |G_80|² = 2.375
+    >>> [round(float(x), 3) for x in clip_readings(s, jnp.float32(-50.0), jnp.float32(500.0), 80, 0.9)]
+    [-9.5, 120.0]
+  """
+  correction = 1.0 - decay ** jnp.maximum(state.count, 1).astype(jnp.float32)
+  trace_now = jnp.abs(state.trace_ema) / correction
+  spread = (jnp.abs(state.grad_sq_ema) / correction
+            + trace_now / jnp.asarray(big_batch_size, jnp.float32))
+  settled = state.count >= CLIP_AFTER
+  return (jnp.where(settled, jnp.clip(grad_sq, -clip * spread, clip * spread), grad_sq),
+          jnp.where(settled, jnp.clip(trace, -clip * trace_now, clip * trace_now), trace))
+
+
 def update_noise_scale(
     state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99
 ) -> NoiseScaleState:
-  """Folds one measurement into the EMAs; non-finite measurements are ignored.
+  """Folds one measurement into the EMAs, winsorized (`clip_readings`); non-finite
+  measurements are ignored.
 
   Example:
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
@@ -250,6 +287,7 @@ def update_noise_scale(
   """
   grad_sq, trace = noise_estimates(sq_norms)
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
+  grad_sq, trace = clip_readings(state, grad_sq, trace, sq_norms.big_batch_size, decay)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
                          state.count + ok.astype(jnp.int32))

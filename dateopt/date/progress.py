@@ -35,10 +35,14 @@ costs (B + λ)/r(B) ∝ B + λ + B_noise + λ·B_noise/B at batch B, smaller at 
 exactly when B·B' ≤ λ·B_noise; its continuous optimum is McCandlish's
 B* = √(λ·B_noise). The batch follows the square root of the noise scale, not
 the noise scale itself (notes/batch_growth.md has the evidence). It does not
-climb before the run has learnt (its smoothed loss at `LEARNT` × its start,
-`dateopt.date.divergence.has_learnt`, when the loss is given as `value=`):
-on an LSTM's chance plateau the measured noise scale is high, and a climb
-there raised the LR to where the run blew up or raced to its end. Nor does it
+climb past `EARLY_RUNGS` × its first rung before the run has learnt (its
+smoothed loss at `LEARNT` × its start, `dateopt.date.divergence.has_learnt`,
+when the loss is given as `value=`): on an LSTM's chance plateau the measured
+noise scale is high, and a climb there raised the LR to where the run blew up
+or raced to its end. Up to that rung it climbs from its first look, warmup or
+not, with the gain held to √(B/B0) until the run has learnt: at the
+baseline's batch the plateau's readings are not resolved, and a batch a few
+times larger leaves the plateau in a third of the steps. Nor does it
 climb while the divergence watch holds the gain (a rising loss), or while the
 loss sits above its best by more than `CLIMB_SHARE` of its gains
 (`dateopt.date.divergence.may_grow_batch`): a smaller wobble's noise reading
@@ -53,7 +57,9 @@ divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
 most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
-the gain would jump to k). With the loss as `value=`,
+the gain would jump to k). Each noise reading is winsorized against the EMAs
+(`dateopt.date.noise.clip_readings`), so that one spike cannot triple the
+noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date.divergence` watches the run. A step whose gradient jumps
 `GRADIENT_JUMP` times its expected squared norm is skipped, so an exploding
 gradient never reaches the optimizer's moments. While its loss is on the way up
@@ -79,6 +85,7 @@ from dateopt.date.divergence import (
     DivergenceWatchState,
     count_gradient_jump,
     gradient_jump,
+    has_learnt,
     init_watch,
     loss_rising,
     may_grow_batch,
@@ -135,6 +142,13 @@ GAIN_SETTLE = 10
 # get a few measurements at the new batch before the next decision.
 GROWTH_INTERVAL = 20
 
+# Before the run has learnt, a growing batch may climb to this many times its first rung, from
+# its first look (the warmup does not wait), with the gain held to √(B/B0). At the baseline's
+# batch the study LSTM sat ~240 steps on its chance plateau, where a batch of 2,048 reads a
+# resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md); √8 ≈ 2.8 is the
+# gain those resolved readings give (2.1-3.1).
+EARLY_RUNGS = 8
+
 
 def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int = 1
                  ) -> tuple[int, ...]:
@@ -190,15 +204,19 @@ def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_
              >= batch_size * next_batch_size))
 
 
-def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, growth_interval):
-  """The next step's batch: one rung up when `wants_next_rung`, else the same."""
+def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, growth_interval,
+           max_batch_size=None):
+  """The next step's batch: one rung up `ladder` when `wants_next_rung`, else the same.
+
+  `max_batch_size` (default: the ladder's last rung) prices the step.
+  """
   rungs = jnp.asarray(ladder, jnp.int32)
   position = jnp.searchsorted(rungs, batch_size)
   upper = rungs[jnp.minimum(position + 1, len(ladder) - 1)]
   grow = wants_next_rung(count, noise_scale(noise_state),
                          batch_size=batch_size.astype(jnp.float32),
                          next_batch_size=upper.astype(jnp.float32),
-                         max_batch_size=float(ladder[-1]),
+                         max_batch_size=float(max_batch_size or ladder[-1]),
                          warmup_steps=warmup_steps, step_price=step_price,
                          growth_interval=growth_interval)
   return jnp.where(grow, upper, batch_size)
@@ -340,6 +358,10 @@ def adaptive(
                      bounded_gain(measured, state.gain, trusted, batch_ratio=(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
+    learnt = has_learnt(watch) if watching else jnp.array(True)
+    if ladder and watching:  # static: a plateau's readings are not resolved; √k is safe
+      root_k = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / base_batch_size)
+      gain = jnp.where(learnt, gain, jnp.minimum(gain, root_k))
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -365,6 +387,12 @@ def adaptive(
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
                                       step_price, growth_interval),
                                state.batch_size)
+        if watching:  # static: before the run has learnt, the early rungs, from the start
+          early_ladder = tuple(b for b in ladder if b <= EARLY_RUNGS * ladder[0])
+          early = _climb(state.batch_size, count, noise, early_ladder, 0, step_price,
+                         growth_interval, ladder[-1])
+          next_batch = jnp.where(steady & ~learnt & (state.batch_size < early_ladder[-1]),
+                                 early, next_batch)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
       return new_updates, AdaptiveState(
           new_inner, progress, count, noise, next_batch, gain,
