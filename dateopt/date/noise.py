@@ -244,7 +244,7 @@ READING_CLIP = 4.0
 CLIP_AFTER = 10
 
 
-def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array,
+def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, *,
                   big_batch_size: Any, decay: float, clip: float = READING_CLIP
                   ) -> tuple[jax.Array, jax.Array]:
   """Winsorizes one measurement's (|G|², tr Σ) against the EMAs' bias-corrected values.
@@ -262,7 +262,9 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array,
     >>> for _ in range(10):
     ...   s = update_noise_scale(s, GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
     >>> # EMAs: |G|² 2, tr Σ 30; expected |G_80|² = 2.375
-    >>> [round(float(x), 3) for x in clip_readings(s, jnp.float32(-50.0), jnp.float32(500.0), 80, 0.9)]
+    >>> clipped = clip_readings(s, jnp.float32(-50.0), jnp.float32(500.0), big_batch_size=80,
+    ...                         decay=0.9)
+    >>> [round(float(x), 3) for x in clipped]
     [-9.5, 120.0]
   """
   correction = 1.0 - decay ** jnp.maximum(state.count, 1).astype(jnp.float32)
@@ -287,7 +289,8 @@ def update_noise_scale(
   """
   grad_sq, trace = noise_estimates(sq_norms)
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
-  grad_sq, trace = clip_readings(state, grad_sq, trace, sq_norms.big_batch_size, decay)
+  grad_sq, trace = clip_readings(state, grad_sq, trace, big_batch_size=sq_norms.big_batch_size,
+                                 decay=decay)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
                          state.count + ok.astype(jnp.int32))

@@ -222,6 +222,22 @@ def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, gro
   return jnp.where(grow, upper, batch_size)
 
 
+def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
+  """The gain, held to √(B/B0) until the run has learnt: a plateau's readings are not resolved."""
+  root_k = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / base_batch_size)
+  return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
+
+
+def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
+                 growth_interval):
+  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0
+  by the growth rule, priced at the full ladder's maximum, warmup or not; else `next_batch`."""
+  early_ladder = tuple(b for b in ladder if b <= EARLY_RUNGS * ladder[0])
+  early = _climb(batch_size, count, noise_state, early_ladder, 0, step_price, growth_interval,
+                 ladder[-1])
+  return jnp.where(plateau & (batch_size < early_ladder[-1]), early, next_batch)
+
+
 def bounded_gain(measured, previous, trusted, *, batch_ratio=1.0, max_rise: float = GAIN_RISE):
   """The gain a step applies: the measured one, risen at most `max_rise` since the last
   step, and not risen at all when the estimate is not `trusted` (Python numbers or arrays).
@@ -359,9 +375,8 @@ def adaptive(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else jnp.array(True)
-    if ladder and watching:  # static: a plateau's readings are not resolved; √k is safe
-      root_k = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / base_batch_size)
-      gain = jnp.where(learnt, gain, jnp.minimum(gain, root_k))
+    if ladder and watching:  # static
+      gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -388,11 +403,8 @@ def adaptive(
                                       step_price, growth_interval),
                                state.batch_size)
         if watching:  # static: before the run has learnt, the early rungs, from the start
-          early_ladder = tuple(b for b in ladder if b <= EARLY_RUNGS * ladder[0])
-          early = _climb(state.batch_size, count, noise, early_ladder, 0, step_price,
-                         growth_interval, ladder[-1])
-          next_batch = jnp.where(steady & ~learnt & (state.batch_size < early_ladder[-1]),
-                                 early, next_batch)
+          next_batch = _early_climb(next_batch, state.batch_size, count, noise, ladder,
+                                    steady & ~learnt, step_price, growth_interval)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
       return new_updates, AdaptiveState(
           new_inner, progress, count, noise, next_batch, gain,
