@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -248,6 +249,23 @@ def test_a_signal_before_the_first_step_stops_at_once():
   assert str(stopped.value) == ("stopped (SIGTERM) before the first step: nothing to save; the "
                                 "same command starts (or resumes) the run again.")
   assert signal.set_wakeup_fd(wakeup) == wakeup  # the previous wakeup fd is back
+
+
+def test_a_stop_swallowed_by_a_callback_is_not_reported_as_an_error(monkeypatch):
+  """A signal that lands in a callback Python cannot unwind (JAX's gc hook, once in CI):
+  Python hands the `Preempted` to sys.unraisablehook, and the watcher ends the run."""
+  def unraisable(exc):
+    return types.SimpleNamespace(exc_type=type(exc), exc_value=exc, exc_traceback=None,
+                                 err_msg="Exception ignored in", object=None)
+  reported = []
+  monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+  before = sys.unraisablehook
+  with preemption.StopRequests():
+    sys.unraisablehook(unraisable(preemption.Preempted(signal.SIGTERM, None, None)))
+    assert reported == []
+    sys.unraisablehook(unraisable(ValueError("not a stop")))
+    assert [str(e) for e in reported] == ["not a stop"]
+  assert sys.unraisablehook is before
 
 
 _STUCK_BEFORE_THE_FIRST_STEP = """

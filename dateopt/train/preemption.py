@@ -118,6 +118,15 @@ class StopRequests:
     self.on_exit_now: list = []  # callables the watcher runs before it ends the process
     self._wakeup: tuple[socket.socket, socket.socket] | None = None
     self._previous_wakeup_fd = -1
+    self._previous_unraisable = None
+
+  def _unraisable(self, unraisable) -> None:
+    """Drops a `Preempted` that the handler raised inside a callback Python cannot unwind
+    (JAX's garbage-collection hook, say): the watcher ends the run within `ANSWER_SECONDS`
+    with its one message. Anything else goes to the previous hook."""
+    if isinstance(unraisable.exc_value, Preempted):
+      return
+    self._previous_unraisable(unraisable)
 
   def __enter__(self) -> "StopRequests":
     if threading.current_thread() is not threading.main_thread():
@@ -126,6 +135,8 @@ class StopRequests:
       if signum == signal.SIGTERM and self._service:
         continue  # JAX's handler owns SIGTERM; replacing it would cut the other hosts off.
       self._previous[signum] = signal.signal(signum, self._handle)
+    self._previous_unraisable = sys.unraisablehook
+    sys.unraisablehook = self._unraisable
     self._start_watcher()
     return self
 
@@ -134,6 +145,8 @@ class StopRequests:
     for signum, previous in self._previous.items():
       signal.signal(signum, previous)
     self._previous = {}
+    if self._previous_unraisable is not None:
+      sys.unraisablehook, self._previous_unraisable = self._previous_unraisable, None
     if self._wakeup is not None:
       signal.set_wakeup_fd(self._previous_wakeup_fd)
       for end in self._wakeup:
