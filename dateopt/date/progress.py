@@ -42,7 +42,7 @@ noise scale is high, and a climb there raised the LR to where the run blew up
 or raced to its end. Up to that rung it climbs from its first look, warmup or
 not, with the gain held to √(B/B0) until the run has learnt: at the
 baseline's batch the plateau's readings are not resolved, and a batch a few
-times larger leaves the plateau in a third of the steps. Nor does it
+times larger leaves the plateau in about half the steps. Nor does it
 climb while the divergence watch holds the gain (a rising loss), or while the
 loss sits above its best by more than `CLIMB_SHARE` of its gains
 (`dateopt.date.divergence.may_grow_batch`): a smaller wobble's noise reading
