@@ -374,7 +374,7 @@ def adaptive(
                      bounded_gain(measured, state.gain, trusted, batch_ratio=(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
-    learnt = has_learnt(watch) if watching else jnp.array(True)
+    learnt = has_learnt(watch) if watching else None  # static: only the watch knows
     if ladder and watching:  # static
       gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
