@@ -346,3 +346,29 @@ def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():
   assert float(state.gain) == 1.0 and int(state.watch.holds) >= 2
   assert float(state.progress) - progress == pytest.approx(1.0)  # the baseline's pace
   jax.tree.map(np.testing.assert_array_equal, state.noise, noise)  # not measured
+
+
+def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
+  """Five losses of 0.7 after a best of 0.519 put the 5-step mean 6.5% of the gains above it
+  (test_batch_growth's wobble): over CLIMB_SHARE, under HOLD_SHARE. Readings of 3,000 would
+  lift the gain GAIN_RISE a step toward adascale_gain(3000) = 13.8; the watch keeps it where it
+  was. The same step without the loss (no watch) lets it rise."""
+  tx, params = _engine(), {"w": jnp.ones(2)}
+  state = tx.init(params)
+  update = jax.jit(tx.update)
+  for loss in [2.3] * 10 + [0.5] * 85:
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(300.0, 512), value=loss)
+  assert float(state.gain) == pytest.approx(date.adascale_gain(300.0, 32, 512), rel=1e-5)
+  bump = _sq_norms(3000.0, 512)
+  for _ in range(5):
+    _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
+  assert not bool(date.may_grow_batch(state.watch))
+  assert not bool(divergence.loss_rising(state.watch))
+  held = float(state.gain)
+  assert held < date.adascale_gain(3000.0, 32, 512) / (1 + date.GAIN_RISE)
+  for _ in range(3):
+    _, state_held = update(params, state, params, grad_sq_norms=bump, value=0.7)
+    assert float(state_held.gain) == held
+    state = state_held
+  _, unwatched = update(params, state, params, grad_sq_norms=bump)
+  assert float(unwatched.gain) == pytest.approx(held * (1 + date.GAIN_RISE), rel=1e-6)

@@ -57,7 +57,9 @@ divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
 most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
-the gain would jump to k). Each noise reading is winsorized against the EMAs
+the gain would jump to k), nor, once the run has learnt, while its loss sits above
+its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
+after the loss has stopped rising). Each noise reading is winsorized against the EMAs
 (`dateopt.date.noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date.divergence` watches the run. A step whose gradient jumps
@@ -228,6 +230,18 @@ def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
   return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
 
 
+def _no_rise_off_best(gain, previous, watch):
+  """The gain, not risen above the last step's while a run that has learnt has its loss above
+  its best by more than `CLIMB_SHARE` of its gains (`may_grow_batch` false).
+
+  After a bump the readings stay high for a while once the loss has stopped
+  rising; a gain that followed them raced a fixed 64x study LSTM (seed 1) to
+  its end 1.49 points below its baseline, held it ended 0.61 below (notes/batch_growth.md).
+  """
+  off_best = has_learnt(watch) & ~may_grow_batch(watch)
+  return jnp.where(off_best, jnp.minimum(gain, previous), gain)
+
+
 def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
                  growth_interval):
   """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0
@@ -375,6 +389,8 @@ def adaptive(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
+    if watching:  # static
+      gain = _no_rise_off_best(gain, state.gain, watch)
     if ladder and watching:  # static
       gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
