@@ -365,9 +365,8 @@ def adaptive(
     watch = state.watch
     watching = value is not None and divergence_patience is not None  # static
     if watching:
-      watch = update_watch(watch, value, step=state.count,
-                           progress_fraction=state.progress / base_steps,
-                           patience=divergence_patience)
+      watch = update_watch(watch, value, step=state.count, patience=divergence_patience,
+                           progress_fraction=state.progress / base_steps)
     healthy = watch.diverged_steps == 0
     steady = healthy & ~loss_rising(watch)  # else the gradient's noise is the run's own
     noise, jump = state.noise, jnp.array(False)
@@ -389,8 +388,7 @@ def adaptive(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
-    if watching:  # static
-      gain = _no_rise_off_best(gain, state.gain, watch)
+    gain = _no_rise_off_best(gain, state.gain, watch) if watching else gain  # static
     if ladder and watching:  # static
       gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
