@@ -367,8 +367,7 @@ def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
   held = float(state.gain)
   assert held < date.adascale_gain(3000.0, 32, 512) / (1 + date.GAIN_RISE)
   for _ in range(3):
-    _, state_held = update(params, state, params, grad_sq_norms=bump, value=0.7)
-    assert float(state_held.gain) == held
-    state = state_held
+    _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
+    assert float(state.gain) == held
   _, unwatched = update(params, state, params, grad_sq_norms=bump)
   assert float(unwatched.gain) == pytest.approx(held * (1 + date.GAIN_RISE), rel=1e-6)

@@ -230,15 +230,15 @@ def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
   return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
 
 
-def _no_rise_off_best(gain, previous, watch):
-  """The gain, not risen above the last step's while a run that has learnt has its loss above
+def _no_rise_off_best(gain, previous, watch, learnt):
+  """The gain, not risen above the last step's while a run that has `learnt` has its loss above
   its best by more than `CLIMB_SHARE` of its gains (`may_grow_batch` false).
 
   After a bump the readings stay high for a while once the loss has stopped
   rising; a gain that followed them raced a fixed 64x study LSTM (seed 1) to
   its end 1.49 points below its baseline, held it ended 0.61 below (notes/batch_growth.md).
   """
-  off_best = has_learnt(watch) & ~may_grow_batch(watch)
+  off_best = learnt & ~may_grow_batch(watch)
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
 
 
@@ -388,7 +388,7 @@ def adaptive(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
-    gain = _no_rise_off_best(gain, state.gain, watch) if watching else gain  # static
+    gain = _no_rise_off_best(gain, state.gain, watch, learnt) if watching else gain  # static
     if ladder and watching:  # static
       gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
