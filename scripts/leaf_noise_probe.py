@@ -7,7 +7,7 @@ nearest each progress τ, it reports:
 - each leaf's weight norm;
 - each leaf's |G|² and tr Σ, estimated as the engine does (McCandlish et al. 2018)
   from `--batches` training batches of `--small` examples against their mean;
-- the noise scale of all leaves, and the same sums weighted by each kernel's LARS trust
+- the noise scale of all leaves, and the same sums weighted by each trust-ratio leaf's LARS trust
   ratio² (You et al. 2017).
 
   python scripts/leaf_noise_probe.py configs/study_mnist1d_resnet.py 64 grow 0 \\
@@ -28,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from dateopt import train
+from dateopt import date, masks, train
 from dateopt.configs import load as load_config
 from dateopt.train import experiment, steps as steps_lib
 
@@ -56,13 +56,8 @@ def nearest_checkpoint(workdir, tau_of, tau):
   return min((s for s in steps if s in tau_of), key=lambda s: abs(tau_of[s][0] - tau))
 
 
-def leaf_names(tree):
-  return ["/".join(str(getattr(k, "key", k)) for k in path)
-          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
 def leaf_noise(exp, params, batch_stats, num_batches, small):
-  """Per leaf (in `leaf_names` order): (|G|², tr Σ) from `num_batches` batches of `small`."""
+  """Per leaf (in tree order): (|G|², tr Σ) from `num_batches` batches of `small` examples."""
   label_smoothing = float(exp.config.baseline.get("label_smoothing", 0.0))
 
   def loss(p, inputs, labels):
@@ -72,19 +67,16 @@ def leaf_noise(exp, params, batch_stats, num_batches, small):
                                             label_smoothing=label_smoothing))
 
   grad = jax.jit(jax.grad(loss))
-  small_sq, total = 0.0, 0.0
+  small_sq, total = 0.0, None
   for j in range(num_batches):
     batch = exp.dataset.train_batch(j, small, seed=1234)
     g = [np.asarray(x, np.float64) for x in jax.tree.leaves(
         grad(params, jnp.asarray(batch["inputs"]), jnp.asarray(batch["labels"])))]
     small_sq = small_sq + np.array([np.sum(x ** 2) for x in g])
-    total = [x for x in g] if j == 0 else [t + x for t, x in zip(total, g)]
-  big = num_batches * small
-  s_small = small_sq / num_batches
-  s_big = np.array([np.sum((t / num_batches) ** 2) for t in total])
-  grad_sq = (big * s_big - small * s_small) / (big - small)
-  trace = (s_small - s_big) / (1 / small - 1 / big)
-  return grad_sq, trace
+    total = g if total is None else [t + x for t, x in zip(total, g)]
+  big_sq = np.array([np.sum((t / num_batches) ** 2) for t in total])
+  sq_norms = date.GradientSqNorms(small_sq / num_batches, big_sq, small, num_batches * small)
+  return tuple(np.asarray(x, np.float64) for x in date.noise_estimates(sq_norms))
 
 
 def report(exp, workdir, step, logged, args):
@@ -93,18 +85,18 @@ def report(exp, workdir, step, logged, args):
   state = ocp.StandardCheckpointer().restore(
       os.path.abspath(os.path.join(workdir, "checkpoints", str(step), "default")))
   params = state["params"]
-  names = leaf_names(params)
+  names = [masks.path_to_str(path) for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   norms = np.array([float(np.linalg.norm(np.asarray(x, np.float64)))
                     for x in jax.tree.leaves(params)])
   grad_sq, trace = leaf_noise(exp, params, state["batch_stats"], args.batches, args.small)
-  kernel = np.array([n.endswith("kernel") for n in names])
+  trusted = np.array(jax.tree.leaves(masks.resolve(exp.recipe.mask, params)))
   trust_sq = norms ** 2 / (grad_sq + trace / batch)  # LARS's c cancels; no weight-decay term
   print(f"\n== {workdir}: step {step}, τ {tau:.0f}, batch {batch}")
-  print(f"B_noise, all leaves: {trace.sum() / grad_sq.sum():.1f}; kernels weighted by their "
+  print(f"B_noise, all leaves: {trace.sum() / grad_sq.sum():.1f}; trust-ratio leaves weighted by their "
         f"trust ratio² (batch {batch}): "
-        f"{(trust_sq * trace)[kernel].sum() / (trust_sq * grad_sq)[kernel].sum():.1f}; "
-        f"BN and bias leaves' share of |G|² / tr Σ: {grad_sq[~kernel].sum() / grad_sq.sum():.1%}"
-        f" / {trace[~kernel].sum() / trace.sum():.1%}")
+        f"{(trust_sq * trace)[trusted].sum() / (trust_sq * grad_sq)[trusted].sum():.1f}; "
+        f"masked leaves' share of |G|² / tr Σ: {grad_sq[~trusted].sum() / grad_sq.sum():.1%}"
+        f" / {trace[~trusted].sum() / trace.sum():.1%}")
   print(f"{'leaf':44s} {'norm':>8s} {'|G|^2':>10s} {'share':>6s} {'tr S':>10s} {'share':>6s}"
         f" {'B':>8s}")
   for i, name in enumerate(names):
