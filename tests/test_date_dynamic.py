@@ -10,7 +10,8 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from dateopt import date
+import dateopt
+from dateopt import date, masks, transforms
 from dateopt.date import progress as progress_lib
 from dateopt.date import noise as noise_lib
 from dateopt.date import stats as stats_lib
@@ -150,6 +151,79 @@ def test_grouped_value_and_grad_matches_the_full_batch_gradient():
   assert float(sq.big) == pytest.approx(float(np.sum(full_grads ** 2)), rel=1e-5)
   with pytest.raises(ValueError, match="divisible"):
     jax.jit(date.grouped_value_and_grad(_least_squares_loss, 5))(W, batch)
+
+
+# ---- the noise of the step LARS takes (noise_of="lars_step") --------------------------
+
+
+def _lars_step_recipe(**fields):
+  return date.Recipe(**{"batch_size": 256, "num_examples": 50_000, "num_epochs": 10,
+                        "learning_rate": 1.0, "optimizer": "lars", "base_batch_size": 32,
+                        "noise_of": "lars_step", **fields})
+
+
+def _group_grads(params, num_groups=4):
+  rng = np.random.default_rng(7)
+  return jax.tree.map(
+      lambda p: jnp.asarray(0.1 * rng.normal(size=(num_groups,) + p.shape), jnp.float32), params)
+
+
+def test_lars_step_norms_are_those_of_the_trust_ratio_scaled_gradients():
+  """Checked against the LARS transform's own output (with no weight decay it is λ_l·g_l,
+  the bias passing unscaled): its squared norm is the big batch's, and each leaf's
+  λ_l = |output_l|/|ḡ_l| weights the groups' norms."""
+  params, _ = _tree()
+  group_grads = _group_grads(params)
+  scales = date.noise_leaf_scales(_lars_step_recipe(weight_decay=0.0), params)
+  _, mean, sq = date.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
+  lars = dateopt.scale_by_lars_trust_ratio(weight_decay=0.0)
+  step, _ = lars.update(mean, lars.init(params), params)
+  norm = lambda x: float(np.linalg.norm(np.asarray(x)))
+  ratios = jax.tree.map(lambda out, g: norm(out) / norm(g), step, mean)
+  assert ratios["c"]["bias"] == pytest.approx(1.0) and ratios["a"]["kernel"] != 1.0
+  small = np.mean([sum(r ** 2 * norm(g[i]) ** 2 for r, g in zip(
+      jax.tree.leaves(ratios), jax.tree.leaves(group_grads))) for i in range(4)])
+  assert float(sq.big) == pytest.approx(sum(norm(x) ** 2 for x in jax.tree.leaves(step)),
+                                        rel=1e-5)
+  assert float(sq.small) == pytest.approx(small, rel=1e-5)
+  assert (sq.small_batch_size, sq.big_batch_size) == (8, 32)
+
+
+def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups():
+  params, _ = _tree()
+  group_grads = _group_grads(params, REPLICAS)
+  recipe = _lars_step_recipe(weight_decay=0.01, trust_coefficient=0.02)
+  scales = date.noise_leaf_scales(recipe, params)
+  mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), group_grads)
+  expected = transforms.lars_trust_ratios(mean, params, weight_decay=0.01,
+                                         trust_coefficient=0.02,
+                                         mask=masks.exclude_bias_and_norm)  # the recipe's
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), scales(mean), expected)
+  assert date.noise_leaf_scales(recipe.replace(noise_of="gradient"), params) is None
+  _, _, grouped = date.combine_group_grads(jnp.zeros(REPLICAS), group_grads, 64,
+                                           leaf_scales=scales)
+  mesh = jax.make_mesh((REPLICAS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+  @functools.partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=(P(), P()))
+  def replicated_norms(local):
+    _, sq = date.cross_replica_sq_norms(jax.tree.map(lambda g: g[0], local), "data", 8,
+                                        leaf_scales=scales)
+    return sq.small, sq.big
+
+  small, big = replicated_norms(group_grads)
+  assert float(small) == pytest.approx(float(grouped.small), rel=1e-5)
+  assert float(big) == pytest.approx(float(grouped.big), rel=1e-5)
+
+
+@pytest.mark.parametrize("fields, match", [
+    ({"optimizer": "adam"}, "noise_of='lars_step' measures the step LARS takes; "
+                            "optimizer='adam'"),
+    ({"optimizer_options": {"trust_clip": True}}, "trust_clip"),
+    ({"noise_of": "update"}, "noise_of.*'gradient', 'lars_step'"),
+])
+def test_a_recipe_refuses_a_noise_of_its_optimizer_does_not_take(fields, match):
+  with pytest.raises(ValueError, match=match):
+    _lars_step_recipe(**fields)
 
 
 # ---- per-step statistics ------------------------------------------------------------

@@ -378,3 +378,23 @@ def test_planned_linear_schedule_by_hand():
 
   for step in np.linspace(0, 90 * per_epoch, 41).astype(int):
     assert float(planned(step)) == pytest.approx(by_hand(step), rel=1e-5, abs=1e-9)
+
+
+def test_noise_of_the_lars_step_is_planned_explained_and_kept_for_adaptive_only():
+  base = legw_baseline()  # LARS
+  planned = date.plan(base, 8192, "adaptive", noise_of="lars_step", grow_batch=True)
+  assert planned.noise_of == "lars_step" and "trust ratio" in planned.rationale["noise_of"]
+  row = next(line for line in date.explain(base, planned).splitlines()
+             if line.startswith("noise_of"))
+  assert "gradient" in row and "lars_step" in row
+  assert date.Recipe.from_dict(json.loads(json.dumps(planned.to_dict()))) == planned
+  assert date.plan(base, 8192, "adaptive").noise_of == "gradient"
+  # A baseline that measures its step's noise passes it on, unless the plan says otherwise.
+  measured = legw_baseline(noise_of="lars_step")
+  assert date.plan(measured, 8192, "adaptive").noise_of == "lars_step"
+  assert date.plan(measured, 8192, "adaptive", noise_of="gradient").noise_of == "gradient"
+  assert "noise_of" in measured.used_fields() and "noise_of" not in base.used_fields()
+  with pytest.raises(ValueError, match="noise_of='lars_step' is a rule of the 'adaptive'"):
+    date.plan(base, 8192, "legw", noise_of="lars_step")
+  with pytest.raises(ValueError, match="optimizer='momentum'"):
+    date.plan(goyal_baseline(), 8192, "adaptive", noise_of="lars_step")

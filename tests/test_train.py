@@ -144,6 +144,27 @@ def test_adaptive_needs_gradient_groups():
     train.build_experiment(_config(strategy="adaptive", grad_groups=0))
 
 
+def test_adaptive_lars_measures_the_noise_of_the_step_it_takes(tmp_path):
+  """plan.noise_of="lars_step" reaches the train step: the same first step logs another
+  noise scale (the arithmetic: tests/test_date_dynamic.py)."""
+  lars = dict(batch_size=16, num_epochs=2, optimizer="lars", learning_rate=1.0,
+              weight_decay=1e-4, warmup_epochs=0.1, decay="polynomial")
+
+  def first_logged(noise_of):
+    config = _config(strategy="adaptive", baseline=lars, plan=dict(noise_of=noise_of),
+                     num_train_steps=1, log_every_steps=1)
+    result = train.train_and_evaluate(config, str(tmp_path / noise_of))
+    rows = [json.loads(line) for line in open(tmp_path / noise_of / "metrics.jsonl")]
+    return result, next(r for r in rows if "train/date/noise_scale" in r)
+
+  plain, plain_row = first_logged("gradient")
+  step, step_row = first_logged("lars_step")
+  assert (plain.recipe.noise_of, step.recipe.noise_of) == ("gradient", "lars_step")
+  assert plain_row["step"] == step_row["step"] and plain_row["train/loss"] == step_row["train/loss"]
+  assert step_row["train/date/noise_scale"] != pytest.approx(plain_row["train/date/noise_scale"],
+                                                             rel=0.01)
+
+
 def test_bad_baseline_field_is_named(tmp_path):
   config = _config()
   config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adamm", learning_rate=1e-3)

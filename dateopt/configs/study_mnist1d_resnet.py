@@ -9,12 +9,17 @@ training examples).
 
   dateopt-train --config configs/study_mnist1d_resnet.py --workdir runs/study_resnet_b32
   python scripts/scaling_study.py --workload resnet
+
+`study_mnist1d_resnet.py:lars_step` gives DATE's runs `plan.noise_of="lars_step"` (the
+noise scale of the step LARS takes; the growth study's `step_noise` cells):
+
+  python scripts/scaling_study.py --workload resnet --config resnet=study_mnist1d_resnet:lars_step
 """
 
 from dateopt.train import default_config
 
 
-def get_config():
+def get_config(noise_of: str = ""):
   config = default_config()
   config.dataset = "mnist1d"
   config.dataset_kwargs = dict(num_samples=75_000)
@@ -28,4 +33,6 @@ def get_config():
   config.eval_batch_size = 1000
   config.log_every_steps = 20
   config.checkpoint_every_steps = 500
+  if noise_of:  # DATE's runs only: the baseline's recipe takes no plan
+    config.plan = dict(noise_of=noise_of)
   return config

@@ -44,7 +44,7 @@ from dateopt.date.progress import (
     progress_done,
     wants_next_rung,
 )
-from dateopt.date.builder import build, build_schedule, optimizer_factory
+from dateopt.date.builder import build, build_schedule, noise_leaf_scales, optimizer_factory
 from dateopt.date.guard import DEFAULT_MIN_MULTIPLIER, DivergenceGuardState, divergence_guard
 from dateopt.date.noise import (
     GradientSqNorms,
@@ -77,7 +77,7 @@ from dateopt.date.planner import (
     plan_predicted_budget,
     plan_predicted_steps,
 )
-from dateopt.date.recipe import GAIN_RULES, OPTIMIZERS, STEP_PRICE, Recipe
+from dateopt.date.recipe import GAIN_RULES, NOISE_OF, OPTIMIZERS, STEP_PRICE, Recipe
 from dateopt.date.stats import (
     StatisticsState,
     TrainingStatistics,
@@ -102,6 +102,7 @@ __all__ = [
     "GROWTH_INTERVAL",
     "GradientSqNorms",
     "LargeBatchWarning",
+    "NOISE_OF",
     "NoiseMeasurementState",
     "NoiseScaleState",
     "OPTIMIZERS",
@@ -135,6 +136,7 @@ __all__ = [
     "next_batch_size",
     "no_measurement",
     "noise_estimates",
+    "noise_leaf_scales",
     "noise_scale",
     "optimizer_factory",
     "per_group_value_and_grad",

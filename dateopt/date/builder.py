@@ -125,6 +125,36 @@ def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
   return make
 
 
+def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | None:
+  """What the recipe measures its noise scale through (`Recipe.noise_of`), for
+  `combine_group_grads` / `cross_replica_sq_norms`'s `leaf_scales=`.
+
+  None for "gradient". For "lars_step", `fn(mean_grads)`: each leaf's LARS
+  trust ratio λ_l at `params`, 1 on the leaves the mask leaves out, as the
+  recipe's optimizer computes them (You et al. 2017, eq. 6). The measured
+  norms are then Σ_l λ_l²·|g_l|², those of the step LARS takes before its LR
+  and momentum: AdaScale's gain (Johnson et al. 2020) is defined for the
+  step an optimizer takes, and LARS's step is not its gradient.
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> r = Recipe(batch_size=256, num_examples=50_000, num_epochs=10, learning_rate=1.0,
+    ...            optimizer="lars", base_batch_size=32, noise_of="lars_step")
+    >>> params = {"kernel": jnp.array([[3.0], [4.0]]), "bias": jnp.zeros(1)}
+    >>> scales = noise_leaf_scales(r, params)({"kernel": jnp.array([[0.6], [0.8]]),
+    ...                                        "bias": jnp.ones(1)})
+    >>> round(float(scales["kernel"]), 6), float(scales["bias"])   # 0.001 · 5 / 1; masked
+    (0.005, 1.0)
+  """
+  if recipe.noise_of == "gradient":
+    return None
+  _, lars_kwargs = _lars(recipe)
+  kwargs = {key: lars_kwargs[key] for key in ("weight_decay", "trust_coefficient", "mask")}
+  kwargs.update(eps=lars_kwargs.get("eps", 0.0),
+                mode=recipe.optimizer_options.get("mode", "paper"))
+  return lambda grads: transforms.lars_trust_ratios(grads, params, **kwargs)
+
+
 def _eps(recipe: Recipe) -> dict[str, float]:
   """`eps` only when the recipe sets it: None keeps the family's default."""
   return {} if recipe.eps is None else {"eps": recipe.eps}

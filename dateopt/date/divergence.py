@@ -65,6 +65,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dateopt.date.noise import corrected_estimates
+
 # The thresholds, and what they stand on, are in notes/divergence.md.
 FIRST_LOSSES = 10
 LOSS_DECAY = 0.95
@@ -254,9 +256,8 @@ def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
     >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80), 0.99))
     False
   """
-  correction = 1.0 - noise_decay ** noise.count.astype(jnp.float32)
-  batch = jnp.asarray(sq_norms.big_batch_size, jnp.float32)
-  expected = (noise.grad_sq_ema + noise.trace_ema / batch) / jnp.maximum(correction, 1e-12)
+  grad_sq, trace = corrected_estimates(noise, noise_decay)
+  expected = grad_sq + trace / jnp.asarray(sq_norms.big_batch_size, jnp.float32)
   return ((noise.count >= 10) & (expected > 0)
           & (jnp.asarray(sq_norms.big, jnp.float32) > GRADIENT_JUMP * expected))
 

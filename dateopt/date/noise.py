@@ -57,14 +57,26 @@ class GradientSqNorms(NamedTuple):
   big_batch_size: Any
 
 
-def tree_sq_norm(tree: Any) -> jax.Array:
-  """Σ of squared entries over every leaf, accumulated in float32."""
-  return sum((transforms.sum_of_squares(x) for x in jax.tree.leaves(tree)),
-             jnp.zeros((), jnp.float32))
+def tree_sq_norm(tree: Any, leaf_scales: Any = None) -> jax.Array:
+  """Σ of squared entries over every leaf, accumulated in float32.
+
+  With `leaf_scales` (a tree of one scalar s_l per leaf of `tree`): Σ_l s_l²·|x_l|²,
+  the squared norm of the tree with each leaf scaled by its s_l.
+  """
+  leaves = jax.tree.leaves(tree)
+  scales = [1.0] * len(leaves) if leaf_scales is None else jax.tree.leaves(leaf_scales)
+  return sum((jnp.square(jnp.asarray(s, jnp.float32)) * transforms.sum_of_squares(x)
+              for x, s in zip(leaves, scales, strict=True)), jnp.zeros((), jnp.float32))
+
+
+def _scales_of(leaf_scales: Callable[[Any], Any] | None, grads: Any) -> Any:
+  """The step's per-leaf scales (no gradient flows through them), or None."""
+  return None if leaf_scales is None else jax.lax.stop_gradient(leaf_scales(grads))
 
 
 def cross_replica_sq_norms(
-    local_grads: Any, axis_name: Any, local_batch_size: int
+    local_grads: Any, axis_name: Any, local_batch_size: int, *,
+    leaf_scales: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, GradientSqNorms]:
   """Averages per-replica gradients across `axis_name` and measures both norms.
 
@@ -79,6 +91,8 @@ def cross_replica_sq_norms(
       examples).
     axis_name: the data-parallel mapped axis.
     local_batch_size: examples per replica.
+    leaf_scales: as in `combine_group_grads`: the norms of the step the
+      optimizer takes, each leaf scaled by its factor (LARS's trust ratios).
 
   Returns:
     `(grads, sq_norms)`: the cross-replica mean gradient, and the
@@ -88,10 +102,11 @@ def cross_replica_sq_norms(
     >>> # inside a shard_map'd train step over axis "data":
     >>> # grads, sq_norms = cross_replica_sq_norms(local_grads, "data", 32)
   """
-  small = jax.lax.pmean(tree_sq_norm(local_grads), axis_name)
   grads = jax.lax.pmean(local_grads, axis_name)
+  scales = _scales_of(leaf_scales, grads)
+  small = jax.lax.pmean(tree_sq_norm(local_grads, scales), axis_name)
   num_replicas = jax.lax.psum(1, axis_name)
-  return grads, GradientSqNorms(small, tree_sq_norm(grads), local_batch_size,
+  return grads, GradientSqNorms(small, tree_sq_norm(grads, scales), local_batch_size,
                                 local_batch_size * num_replicas)
 
 
@@ -166,7 +181,8 @@ def per_group_value_and_grad(
   return fn
 
 
-def combine_group_grads(values: Any, group_grads: Any, batch_size: int
+def combine_group_grads(values: Any, group_grads: Any, batch_size: int, *,
+                        leaf_scales: Callable[[Any], Any] | None = None
                         ) -> tuple[Any, Any, GradientSqNorms]:
   """(mean value, mean gradient, squared norms) from stacked per-group outputs.
 
@@ -175,6 +191,12 @@ def combine_group_grads(values: Any, group_grads: Any, batch_size: int
     group_grads: per-group gradients (leading axis: groups), each one the
       mean over `batch_size / num_groups` examples.
     batch_size: examples in all groups together (the big batch).
+    leaf_scales: None (the gradient's norms), or `fn(mean_grads) -> tree` of
+      one scalar per leaf: the factor the optimizer puts on each leaf's
+      gradient (LARS's trust ratios: `date.noise_leaf_scales`). The norms, and the
+      noise scale and gain taken from them, are then those of the step the
+      optimizer takes. The factors come from the mean gradient, as the
+      optimizer's do, and carry no gradient.
 
   Example:
     >>> grads = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # two groups of 4
@@ -183,11 +205,12 @@ def combine_group_grads(values: Any, group_grads: Any, batch_size: int
     (1.0, 0.5, 4)
   """
   num_groups = jax.tree.leaves(group_grads)[0].shape[0]
-  small = jnp.mean(jax.vmap(tree_sq_norm)(group_grads))
   grads = jax.tree.map(lambda g: jnp.mean(g, axis=0), group_grads)
+  scales = _scales_of(leaf_scales, grads)
+  small = jnp.mean(jax.vmap(lambda g: tree_sq_norm(g, scales))(group_grads))
   value = jax.tree.map(lambda v: jnp.mean(v, axis=0), values)
-  return value, grads, GradientSqNorms(small, tree_sq_norm(grads), batch_size // num_groups,
-                                       batch_size)
+  return value, grads, GradientSqNorms(small, tree_sq_norm(grads, scales),
+                                       batch_size // num_groups, batch_size)
 
 
 def no_measurement(small_batch_size: int, big_batch_size: int) -> GradientSqNorms:
@@ -238,6 +261,18 @@ def init_noise_scale() -> NoiseScaleState:
   return NoiseScaleState(zero, zero, jnp.zeros((), jnp.int32))
 
 
+def corrected_estimates(state: NoiseScaleState, decay: float) -> tuple[jax.Array, jax.Array]:
+  """The EMAs' bias-corrected (|G|², tr Σ): an EMA started at 0 reads low by decay^count.
+
+  Example:
+    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
+    >>> [round(float(x), 3) for x in corrected_estimates(s, 0.9)]
+    [2.0, 30.0]
+  """
+  correction = 1.0 - decay ** jnp.maximum(state.count, 1).astype(jnp.float32)
+  return state.grad_sq_ema / correction, state.trace_ema / correction
+
+
 # A reading may lie at most this many times its expected size from 0 once the EMAs hold
 # `CLIP_AFTER` measurements: one reading then moves an EMA (decay 0.99) at most ~3%.
 READING_CLIP = 4.0
@@ -267,10 +302,8 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
     >>> [round(float(x), 3) for x in clipped]
     [-9.5, 120.0]
   """
-  correction = 1.0 - decay ** jnp.maximum(state.count, 1).astype(jnp.float32)
-  trace_now = jnp.abs(state.trace_ema) / correction
-  spread = (jnp.abs(state.grad_sq_ema) / correction
-            + trace_now / jnp.asarray(big_batch_size, jnp.float32))
+  grad_sq_now, trace_now = map(jnp.abs, corrected_estimates(state, decay))
+  spread = grad_sq_now + trace_now / jnp.asarray(big_batch_size, jnp.float32)
   settled = state.count >= CLIP_AFTER
   return (jnp.where(settled, jnp.clip(grad_sq, -clip * spread, clip * spread), grad_sq),
           jnp.where(settled, jnp.clip(trace, -clip * trace_now, clip * trace_now), trace))

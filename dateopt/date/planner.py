@@ -56,6 +56,7 @@ def plan(
     linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
     grow_batch: bool = False,
     step_price: float = STEP_PRICE,
+    noise_of: str | None = None,
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
@@ -120,6 +121,10 @@ def plan(
     step_price: with `grow_batch`: a step's price in examples of the
       largest batch, in the rule "from rung B to B' once
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+    noise_of: "adaptive" only: "gradient", or "lars_step" for a LARS baseline:
+      the noise scale of the step LARS takes, each leaf's gradient times its
+      trust ratio (`Recipe.noise_of`, `dateopt.date.noise_leaf_scales`).
+      None: the baseline's.
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -156,7 +161,10 @@ def plan(
       raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
-                          critical_batch_factor, grow_batch, step_price)
+                          critical_batch_factor, grow_batch, step_price, noise_of=noise_of)
+  if noise_of is not None:
+    raise ValueError(f"noise_of={noise_of!r} is a rule of the 'adaptive' strategy (what its "
+                     f"noise scale is measured on); got strategy={strategy!r}.")
   if grow_batch:
     raise ValueError(f"grow_batch=True is a rule of the 'adaptive' strategy (the measured noise "
                      f"scale chooses the batch); got strategy={strategy!r}.")
@@ -207,7 +215,7 @@ def plan(
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                    noise_scale: float | Sequence[float] | None, critical_batch_factor: float,
-                   grow_batch: bool, step_price: float) -> Recipe:
+                   grow_batch: bool, step_price: float, *, noise_of: str | None) -> Recipe:
   """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
   check_range("batch_size", batch_size, low=baseline.batch_size)
   k = batch_size / baseline.batch_size
@@ -240,13 +248,18 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                          f"(McCandlish et al. 2018: B* = √(price·B_noise))"
                          + (" (the default)" if step_price == STEP_PRICE else ""))
     why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
+  noise_of = baseline.noise_of if noise_of is None else noise_of
+  if noise_of == "lars_step":
+    why["noise_of"] = ("the step LARS takes: each leaf's gradient × its trust ratio, the gain "
+                       "and the growth read its noise (Johnson et al. 2020: the gain of the "
+                       "optimizer's own step); a noise_scale given predicts as it is")
   if noise_scale is not None:
     why.update(_budget_notes(noise_scale, baseline, batch_size, critical_batch_factor,
                              grow_batch, step_price))
   try:
     return baseline.replace(batch_size=batch_size, base_batch_size=baseline.batch_size,
                             gain_rule=gain_rule, grow_batch=grow_batch,
-                            step_price=step_price, rationale=why)
+                            step_price=step_price, noise_of=noise_of, rationale=why)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
                      f"from batch {baseline.batch_size})") from e

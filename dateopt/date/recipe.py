@@ -34,7 +34,10 @@ GAIN_RULES = ("linear", "sqrt")
 # priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
 # workloads and the main job, one value for every workload (notes/batch_growth.md).
 STEP_PRICE = 1.0
-_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch")
+# What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
+# gradient times its trust ratio; notes/batch_growth.md, twelfth session).
+NOISE_OF = ("gradient", "lars_step")
+_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
                 "init_value", "decay", "grad_clip_norm", "label_smoothing",
@@ -136,6 +139,11 @@ class Recipe:
     step_price: grow_batch only: the price of a step, in examples of the
       largest batch, in the rule "from rung B to B' once
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+    noise_of: what the noise scale is measured on (and, in adaptive mode,
+      the gain and the batch's growth with it): "gradient", or "lars_step"
+      (lars only): each leaf's gradient times its trust ratio, the step LARS
+      takes (`dateopt.date.noise_leaf_scales`). An adaptive plan keeps the
+      baseline's unless told otherwise.
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
 
@@ -178,6 +186,7 @@ class Recipe:
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
   grow_batch: bool = _spec(False, kind="bool")
   step_price: float = _spec(STEP_PRICE, kind="float", low=0.0, low_inclusive=False)
+  noise_of: str = _spec("gradient", kind="str", choices=NOISE_OF)
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
   def __post_init__(self):
@@ -213,6 +222,7 @@ class Recipe:
     elif self.grow_batch:
       raise ValueError("grow_batch=True needs an adaptive recipe (base_batch_size set): "
                        "plan(baseline, max_batch, 'adaptive', grow_batch=True).")
+    self._check_noise_of()
     masks.from_name(self.mask)  # a known name, else a regex that must compile
     for key, value in self.rationale.items():
       check_type(f"rationale[{key!r}]", value, str, what="a string")
@@ -223,6 +233,15 @@ class Recipe:
       raise ValueError(
           f"warmup_epochs={self.warmup_epochs} rounds to {self.warmup_steps} "
           f"steps, not fewer than the {self.total_steps} training steps.")
+
+  def _check_noise_of(self) -> None:
+    if self.noise_of == "lars_step" and self.optimizer != "lars":
+      raise ValueError(f"noise_of='lars_step' measures the step LARS takes; optimizer="
+                       f"{self.optimizer!r} takes another. Use noise_of='gradient', or "
+                       "optimizer='lars'.")
+    if self.noise_of == "lars_step" and self.optimizer_options.get("trust_clip"):
+      raise ValueError("noise_of='lars_step' takes the plain trust ratios; with "
+                       "optimizer_options['trust_clip'] (LARC) use noise_of='gradient'.")
 
   # ---- steps, through the one epochs→steps converter -------------------
 
@@ -276,6 +295,8 @@ class Recipe:
       used |= set(_ADAPTIVE_FIELDS)
     if self.grow_batch:
       used.add("step_price")
+    if self.noise_of != "gradient":
+      used.add("noise_of")
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
 
   # ---- serialisation ----------------------------------------------------

@@ -179,7 +179,11 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
     expected_steps = base_steps / cell.multiple
     config.strategy = {"legw_date_steps": "legw",
                        "adaptive_grow": "adaptive"}.get(cell.strategy, cell.strategy)
-    plan = {"grow_batch": True} if cell.strategy == "adaptive_grow" else {}
+    # DATE's cells keep the config's own `plan` options (e.g. noise_of); the static
+    # strategies take none of them.
+    plan = config.plan.to_dict() if cell.strategy in ADAPTIVE_STRATEGIES else {}
+    if cell.strategy == "adaptive_grow":
+      plan["grow_batch"] = True
     if cell.strategy == "linear":
       plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
     if cell.strategy == "adaptive" and noise_scale is not None and math.isfinite(noise_scale):

@@ -90,7 +90,7 @@ def _loss_fn(model, num_classes, label_smoothing):
 
 
 def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
-               measure: jax.Array | None, grad_accum_steps: int = 1):
+               measure: jax.Array | None, grad_accum_steps: int = 1, leaf_scales=None):
   """(loss, aux), grads, and the noise scale's squared norms (None when not measured).
 
   With `grad_groups > 1` the gradient is taken per group of the batch
@@ -105,7 +105,8 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
   With `grad_accum_steps` k > 1 either path runs over k micro-batches in a
   scan and averages their outputs (`accumulation.mean_over_microbatches`);
   each micro-batch holds 1/k of every group, so the group gradients, and the
-  norms taken from them after the scan, are the full batch's.
+  norms taken from them after the scan, are the full batch's. `leaf_scales`
+  (`date.noise_leaf_scales`) measures the norms of the optimizer's step instead.
   """
   accumulate = lambda fn: accumulation.mean_over_microbatches(fn, grad_accum_steps)
   plain_fn = accumulate(jax.value_and_grad(loss_fn, has_aux=True))
@@ -114,7 +115,7 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
   batch_size = batch["labels"].shape[0]
   per_group_fn = accumulate(date.per_group_value_and_grad(loss_fn, grad_groups, has_aux=True))
   grouped = lambda: date.combine_group_grads(*per_group_fn(params, batch, batch_stats),
-                                             batch_size)
+                                             batch_size, leaf_scales=leaf_scales)
   if measure is None:
     return grouped()
   plain = lambda: (*plain_fn(params, batch, batch_stats),
@@ -193,9 +194,10 @@ def _train_step(state, batch, record_statistics, measure_noise, *, model, tx, nu
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
   batch = dict(batch, rng=_dropout_keys(step_key, batch_size, grad_groups, grad_accum_steps))
   loss_fn = _loss_fn(model, num_classes, label_smoothing)
+  leaf_scales = None if recipe is None else date.noise_leaf_scales(recipe, state.params)
   (loss, (batch_stats, accuracy)), grads, sq_norms = _gradients(
       loss_fn, state.params, batch, state.batch_stats, grad_groups, measure_noise,
-      grad_accum_steps)
+      grad_accum_steps, leaf_scales)
   extra = {}
   if sq_norms is not None:
     extra["grad_sq_norms"] = sq_norms
