@@ -200,6 +200,13 @@ def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups
                                          mask=masks.exclude_bias_and_norm)  # the recipe's
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), scales(mean), expected)
   assert date.noise_leaf_scales(recipe.replace(noise_of="gradient"), params) is None
+  # Options the optimizer takes reach the scales too (eps in the denominator, the mode).
+  optioned = recipe.replace(optimizer_options={"eps": 1.0, "mode": "optax"})
+  expected_optioned = transforms.lars_trust_ratios(
+      mean, params, weight_decay=0.01, trust_coefficient=0.02, eps=1.0, mode="optax",
+      mask=masks.exclude_bias_and_norm)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
+               date.noise_leaf_scales(optioned, params)(mean), expected_optioned)
   _, _, grouped = date.combine_group_grads(jnp.zeros(REPLICAS), group_grads, 64,
                                            leaf_scales=scales)
   mesh = jax.make_mesh((REPLICAS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
@@ -219,6 +226,7 @@ def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups
     ({"optimizer": "adam"}, "noise_of='lars_step' measures the step LARS takes; "
                             "optimizer='adam'"),
     ({"optimizer_options": {"trust_clip": True}}, "trust_clip"),
+    ({"grad_clip_norm": 1.0}, "grad_clip_norm"),
     ({"noise_of": "update"}, "noise_of.*'gradient', 'lars_step'"),
 ])
 def test_a_recipe_refuses_a_noise_of_its_optimizer_does_not_take(fields, match):

@@ -104,12 +104,7 @@ def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
     ...            learning_rate=0.1, optimizer="adam", weight_decay=1e-4)
     >>> tx = optimizer_factory(r)(1e-3)
   """
-  family, kwargs = _FAMILIES[recipe.optimizer](recipe)
-  for key in recipe.optimizer_options:
-    if key in kwargs:
-      raise ValueError(f"optimizer_options[{key!r}] duplicates a Recipe field; set the "
-                       f"field instead.")
-  kwargs.update(recipe.optimizer_options)
+  family, kwargs = _family_and_kwargs(recipe)
 
   def make(learning_rate):
     tx = family(learning_rate, **kwargs)
@@ -125,16 +120,31 @@ def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
   return make
 
 
+def _family_and_kwargs(recipe: Recipe) -> tuple[Callable[..., Any], dict[str, Any]]:
+  """The optimizer family and every keyword it takes: the recipe's fields, then its options."""
+  family, kwargs = _FAMILIES[recipe.optimizer](recipe)
+  for key in recipe.optimizer_options:
+    if key in kwargs:
+      raise ValueError(f"optimizer_options[{key!r}] duplicates a Recipe field; set the "
+                       f"field instead.")
+  return family, {**kwargs, **recipe.optimizer_options}
+
+
+# The keywords of `transforms.lars` that its trust ratios read (`transforms.lars_trust_ratios`).
+_TRUST_RATIO_KEYWORDS = ("weight_decay", "trust_coefficient", "eps", "mode", "mask", "axis_name")
+
+
 def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | None:
   """What the recipe measures its noise scale through (`Recipe.noise_of`), for
   `combine_group_grads` / `cross_replica_sq_norms`'s `leaf_scales=`.
 
   None for "gradient". For "lars_step", `fn(mean_grads)`: each leaf's LARS
-  trust ratio λ_l at `params`, 1 on the leaves the mask leaves out, as the
-  recipe's optimizer computes them (You et al. 2017, eq. 6). The measured
-  norms are then Σ_l λ_l²·|g_l|², those of the step LARS takes before its LR
-  and momentum: AdaScale's gain (Johnson et al. 2020) is defined for the
-  step an optimizer takes, and LARS's step is not its gradient.
+  trust ratio λ_l at `params`, 1 on the leaves the mask leaves out, with the
+  recipe's optimizer's own settings (You et al. 2017, eq. 6). The measured
+  norms are then Σ_l λ_l²·|g_l|², those of the gradient part of LARS's step
+  λ_l·(g_l + β·w_l) (the weight-decay part carries no noise): AdaScale's
+  gain (Johnson et al. 2020) is defined for the step an optimizer takes, and
+  LARS's step is not its gradient.
 
   Example:
     >>> import jax.numpy as jnp
@@ -148,10 +158,8 @@ def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | Non
   """
   if recipe.noise_of == "gradient":
     return None
-  _, lars_kwargs = _lars(recipe)
-  kwargs = {key: lars_kwargs[key] for key in ("weight_decay", "trust_coefficient", "mask")}
-  kwargs.update(eps=lars_kwargs.get("eps", 0.0),
-                mode=recipe.optimizer_options.get("mode", "paper"))
+  _, lars_kwargs = _family_and_kwargs(recipe)
+  kwargs = {key: value for key, value in lars_kwargs.items() if key in _TRUST_RATIO_KEYWORDS}
   return lambda grads: transforms.lars_trust_ratios(grads, params, **kwargs)
 
 

@@ -141,8 +141,8 @@ class Recipe:
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
     noise_of: what the noise scale is measured on (and, in adaptive mode,
       the gain and the batch's growth with it): "gradient", or "lars_step"
-      (lars only): each leaf's gradient times its trust ratio, the step LARS
-      takes (`dateopt.date.noise_leaf_scales`). An adaptive plan keeps the
+      (lars only): each leaf's gradient times its trust ratio, the gradient
+      part of the step LARS takes (`dateopt.date.noise_leaf_scales`). An adaptive plan keeps the
       baseline's unless told otherwise.
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
@@ -242,6 +242,9 @@ class Recipe:
     if self.noise_of == "lars_step" and self.optimizer_options.get("trust_clip"):
       raise ValueError("noise_of='lars_step' takes the plain trust ratios; with "
                        "optimizer_options['trust_clip'] (LARC) use noise_of='gradient'.")
+    if self.noise_of == "lars_step" and self.grad_clip_norm is not None:
+      raise ValueError("noise_of='lars_step' takes the trust ratios of the unclipped "
+                       "gradient; with grad_clip_norm set use noise_of='gradient'.")
 
   # ---- steps, through the one epochs→steps converter -------------------
 
