@@ -235,14 +235,16 @@ class Recipe:
           f"steps, not fewer than the {self.total_steps} training steps.")
 
   def _check_noise_of(self) -> None:
-    if self.noise_of == "lars_step" and self.optimizer != "lars":
+    if self.noise_of != "lars_step":
+      return
+    if self.optimizer != "lars":
       raise ValueError(f"noise_of='lars_step' measures the step LARS takes; optimizer="
                        f"{self.optimizer!r} takes another. Use noise_of='gradient', or "
                        "optimizer='lars'.")
-    if self.noise_of == "lars_step" and self.optimizer_options.get("trust_clip"):
+    if self.optimizer_options.get("trust_clip"):
       raise ValueError("noise_of='lars_step' takes the plain trust ratios; with "
                        "optimizer_options['trust_clip'] (LARC) use noise_of='gradient'.")
-    if self.noise_of == "lars_step" and self.grad_clip_norm is not None:
+    if self.grad_clip_norm is not None:
       raise ValueError("noise_of='lars_step' takes the trust ratios of the unclipped "
                        "gradient; with grad_clip_norm set use noise_of='gradient'.")
 
