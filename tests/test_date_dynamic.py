@@ -227,11 +227,32 @@ def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups
                             "optimizer='adam'"),
     ({"optimizer_options": {"trust_clip": True}}, "trust_clip"),
     ({"grad_clip_norm": 1.0}, "grad_clip_norm"),
-    ({"noise_of": "update"}, "noise_of.*'gradient', 'lars_step'"),
+    ({"noise_of": "update"}, "noise_of.*'auto', 'gradient', 'lars_step'"),
 ])
 def test_a_recipe_refuses_a_noise_of_its_optimizer_does_not_take(fields, match):
   with pytest.raises(ValueError, match=match):
     _lars_step_recipe(**fields)
+
+
+@pytest.mark.parametrize("fields, measured", [
+    ({}, "lars_step"),
+    ({"optimizer": "adam"}, "gradient"),
+    ({"optimizer": "lamb"}, "gradient"),
+    ({"optimizer_options": {"trust_clip": True}}, "gradient"),
+    ({"grad_clip_norm": 1.0}, "gradient"),
+])
+def test_auto_measures_the_lars_step_where_it_can_and_the_gradient_elsewhere(fields, measured):
+  """"auto" (the default) never refuses: it falls back to the gradient where the step's
+  noise is not LARS's plain trust ratios × the gradient."""
+  params, _ = _tree()
+  recipe = _lars_step_recipe(**{"noise_of": "auto", **fields})
+  assert recipe.measured_noise_of == measured
+  scales = date.noise_leaf_scales(recipe, params)
+  assert (scales is None) == (measured == "gradient")
+  if scales is not None:  # the same scales as the explicit choice
+    mean = jax.tree.map(lambda p: jnp.ones_like(p), params)
+    jax.tree.map(np.testing.assert_array_equal, scales(mean),
+                 date.noise_leaf_scales(recipe.replace(noise_of="lars_step"), params)(mean))
 
 
 # ---- per-step statistics ------------------------------------------------------------

@@ -388,12 +388,16 @@ def test_noise_of_the_lars_step_is_planned_explained_and_kept_for_adaptive_only(
              if line.startswith("noise_of"))
   assert "gradient" in row and "lars_step" in row
   assert date.Recipe.from_dict(json.loads(json.dumps(planned.to_dict()))) == planned
-  assert date.plan(base, 8192, "adaptive").noise_of == "gradient"
-  # A baseline that measures its step's noise passes it on, unless the plan says otherwise.
-  measured = legw_baseline(noise_of="lars_step")
-  assert date.plan(measured, 8192, "adaptive").noise_of == "lars_step"
-  assert date.plan(measured, 8192, "adaptive", noise_of="gradient").noise_of == "gradient"
-  assert "noise_of" in measured.used_fields() and "noise_of" not in base.used_fields()
+  # By default ("auto") a LARS plan measures the step too, and says so.
+  auto = date.plan(base, 8192, "adaptive")
+  assert (auto.noise_of, auto.measured_noise_of) == ("auto", "lars_step")
+  assert auto.rationale["noise_of"].startswith("auto: the step LARS takes")
+  # A baseline's explicit choice passes on, unless the plan says otherwise.
+  gradient = legw_baseline(noise_of="gradient")
+  assert date.plan(gradient, 8192, "adaptive").measured_noise_of == "gradient"
+  assert "noise_of" not in date.plan(gradient, 8192, "adaptive").rationale
+  assert date.plan(gradient, 8192, "adaptive", noise_of="lars_step").noise_of == "lars_step"
+  assert "noise_of" in base.used_fields() and "noise_of" not in gradient.used_fields()
   with pytest.raises(ValueError, match="noise_of='lars_step' is a rule of the 'adaptive'"):
     date.plan(base, 8192, "legw", noise_of="lars_step")
   with pytest.raises(ValueError, match="optimizer='momentum'"):

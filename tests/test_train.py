@@ -145,8 +145,9 @@ def test_adaptive_needs_gradient_groups():
 
 
 def test_adaptive_lars_measures_the_noise_of_the_step_it_takes(tmp_path):
-  """plan.noise_of="lars_step" reaches the train step: the same first step logs another
-  noise scale (the arithmetic: tests/test_date_dynamic.py)."""
+  """plan.noise_of reaches the train step: the same first step logs another noise scale for
+  "lars_step" than for "gradient", and the default ("auto") is LARS's step (the arithmetic:
+  tests/test_date_dynamic.py)."""
   lars = dict(batch_size=16, num_epochs=2, optimizer="lars", learning_rate=1.0,
               weight_decay=1e-4, warmup_epochs=0.1, decay="polynomial")
 
@@ -159,10 +160,13 @@ def test_adaptive_lars_measures_the_noise_of_the_step_it_takes(tmp_path):
 
   plain, plain_row = first_logged("gradient")
   step, step_row = first_logged("lars_step")
+  auto, auto_row = first_logged("auto")
   assert (plain.recipe.noise_of, step.recipe.noise_of) == ("gradient", "lars_step")
+  assert auto.recipe.measured_noise_of == "lars_step"
   assert plain_row["step"] == step_row["step"] and plain_row["train/loss"] == step_row["train/loss"]
   assert step_row["train/date/noise_scale"] != pytest.approx(plain_row["train/date/noise_scale"],
                                                              rel=0.01)
+  assert auto_row["train/date/noise_scale"] == step_row["train/date/noise_scale"]
 
 
 def test_bad_baseline_field_is_named(tmp_path):

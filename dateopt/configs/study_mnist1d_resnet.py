@@ -10,10 +10,11 @@ training examples).
   dateopt-train --config configs/study_mnist1d_resnet.py --workdir runs/study_resnet_b32
   python scripts/scaling_study.py --workload resnet
 
-`study_mnist1d_resnet.py:lars_step` gives DATE's runs `plan.noise_of="lars_step"` (the
-noise scale of the step LARS takes; the growth study's `step_noise` cells):
+Every run measures the noise scale of the step LARS takes (`Recipe.noise_of`'s default,
+"auto"). `study_mnist1d_resnet.py:<noise_of>` sets DATE's runs' `plan.noise_of`:
+`:gradient` gives the gradient's, as the study's cells before 2026-11-28 measured it:
 
-  python scripts/scaling_study.py --workload resnet --config resnet=study_mnist1d_resnet:lars_step
+  python scripts/scaling_study.py --workload resnet --config resnet=study_mnist1d_resnet:gradient
 """
 
 from dateopt.train import default_config

@@ -138,7 +138,8 @@ def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | Non
   """What the recipe measures its noise scale through (`Recipe.noise_of`), for
   `combine_group_grads` / `cross_replica_sq_norms`'s `leaf_scales=`.
 
-  None for "gradient". For "lars_step", `fn(mean_grads)`: each leaf's LARS
+  None when it measures the gradient (`Recipe.measured_noise_of`). For
+  "lars_step" (and "auto" on plain LARS), `fn(mean_grads)`: each leaf's LARS
   trust ratio λ_l at `params`, 1 on the leaves the mask leaves out, with the
   recipe's optimizer's own settings (You et al. 2017, eq. 6). The measured
   norms are then Σ_l λ_l²·|g_l|², those of the gradient part of LARS's step
@@ -156,7 +157,7 @@ def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | Non
     >>> round(float(scales["kernel"]), 6), float(scales["bias"])   # 0.001 · 5 / 1; masked
     (0.005, 1.0)
   """
-  if recipe.noise_of == "gradient":
+  if recipe.measured_noise_of == "gradient":
     return None
   _, lars_kwargs = _family_and_kwargs(recipe)
   kwargs = {key: value for key, value in lars_kwargs.items() if key in _TRUST_RATIO_KEYWORDS}

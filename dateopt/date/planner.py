@@ -121,10 +121,11 @@ def plan(
     step_price: with `grow_batch`: a step's price in examples of the
       largest batch, in the rule "from rung B to B' once
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
-    noise_of: "adaptive" only: "gradient", or "lars_step" for a LARS baseline:
-      the noise scale of the step LARS takes, each leaf's gradient times its
-      trust ratio (`Recipe.noise_of`, `dateopt.date.noise_leaf_scales`).
-      None: the baseline's.
+    noise_of: "adaptive" only: "gradient", "lars_step" for a LARS baseline
+      (the noise scale of the step LARS takes, each leaf's gradient times its
+      trust ratio: `dateopt.date.noise_leaf_scales`), or "auto" (lars_step
+      where it applies: `Recipe.measured_noise_of`). None: the baseline's
+      (by default "auto").
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -248,21 +249,23 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                          f"(McCandlish et al. 2018: B* = √(price·B_noise))"
                          + (" (the default)" if step_price == STEP_PRICE else ""))
     why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
-  noise_of = baseline.noise_of if noise_of is None else noise_of
-  if noise_of == "lars_step":
-    why["noise_of"] = ("the step LARS takes: each leaf's gradient × its trust ratio, the gain "
-                       "and the growth read its noise (Johnson et al. 2020: the gain of the "
-                       "optimizer's own step); a noise_scale given predicts as it is")
   if noise_scale is not None:
     why.update(_budget_notes(noise_scale, baseline, batch_size, critical_batch_factor,
                              grow_batch, step_price))
   try:
-    return baseline.replace(batch_size=batch_size, base_batch_size=baseline.batch_size,
-                            gain_rule=gain_rule, grow_batch=grow_batch,
-                            step_price=step_price, noise_of=noise_of, rationale=why)
+    planned = baseline.replace(
+        batch_size=batch_size, base_batch_size=baseline.batch_size, gain_rule=gain_rule,
+        grow_batch=grow_batch, step_price=step_price,
+        noise_of=baseline.noise_of if noise_of is None else noise_of)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
                      f"from batch {baseline.batch_size})") from e
+  if planned.measured_noise_of == "lars_step":
+    why["noise_of"] = (("auto: " if planned.noise_of == "auto" else "")
+                       + "the step LARS takes: each leaf's gradient × its trust ratio, the gain "
+                       "and the growth read its noise (Johnson et al. 2020: the gain of the "
+                       "optimizer's own step); a noise_scale given predicts as it is")
+  return planned.replace(rationale=why)
 
 
 def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch_factor: float,
