@@ -222,6 +222,29 @@ def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups
   assert float(big) == pytest.approx(float(grouped.big), rel=1e-5)
 
 
+def test_grouped_value_and_grad_takes_the_recipes_scales_at_the_steps_params():
+  """The one-call form gives what per_group_value_and_grad + combine_group_grads give with
+  the scales taken at the same params, and the gradient's norms without them."""
+  params, _ = _tree()
+  x = jnp.asarray(np.random.default_rng(3).normal(size=(16, 4)), jnp.float32)
+  loss = lambda p, batch: jnp.mean(
+      (jnp.tanh(batch @ p["a"]["kernel"]) @ p["b"]["kernel"] @ p["c"]["kernel"]
+       + p["c"]["bias"]) ** 2)
+  recipe = _lars_step_recipe(weight_decay=1e-3)
+  got = date.grouped_value_and_grad(
+      loss, 4, leaf_scales=functools.partial(date.noise_leaf_scales, recipe))(params, x)
+  values, group_grads = date.per_group_value_and_grad(loss, 4)(params, x)
+  expected = date.combine_group_grads(values, group_grads, 16,
+                                      leaf_scales=date.noise_leaf_scales(recipe, params))
+  plain = date.grouped_value_and_grad(loss, 4)(params, x)
+  for field in ("small", "big"):
+    assert float(getattr(got[2], field)) == pytest.approx(float(getattr(expected[2], field)),
+                                                          rel=1e-6)
+    assert float(getattr(got[2], field)) != pytest.approx(float(getattr(plain[2], field)),
+                                                          rel=0.01)
+  jax.tree.map(np.testing.assert_array_equal, got[1], plain[1])  # the step's gradient: unscaled
+
+
 @pytest.mark.parametrize("fields, match", [
     ({"optimizer": "adam"}, "noise_of='lars_step' measures the step LARS takes; "
                             "optimizer='adam'"),

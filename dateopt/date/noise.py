@@ -111,7 +111,8 @@ def cross_replica_sq_norms(
 
 
 def grouped_value_and_grad(
-    loss_fn: Callable[..., Any], num_groups: int, *, has_aux: bool = False
+    loss_fn: Callable[..., Any], num_groups: int, *, has_aux: bool = False,
+    leaf_scales: Callable[[Any], Callable[[Any], Any] | None] | None = None,
 ) -> Callable[..., tuple[Any, Any, GradientSqNorms]]:
   """`jax.value_and_grad` over `num_groups` equal slices of the batch.
 
@@ -127,6 +128,10 @@ def grouped_value_and_grad(
     loss_fn: `loss_fn(params, batch, *args) -> loss` (or `(loss, aux)`).
     num_groups: how many slices; must divide the batch size.
     has_aux: as in `jax.value_and_grad`.
+    leaf_scales: `leaf_scales(params)` gives `combine_group_grads`'s
+      `leaf_scales=` for the step at `params` (or None): e.g.
+      `functools.partial(date.noise_leaf_scales, recipe)` measures the noise
+      of the step a LARS recipe takes. None: the gradient's.
 
   Returns:
     `fn(params, batch, *args) -> (value, grads, sq_norms)`.
@@ -142,7 +147,8 @@ def grouped_value_and_grad(
 
   def fn(params, batch, *args):
     values, group_grads = per_group_fn(params, batch, *args)
-    return combine_group_grads(values, group_grads, jax.tree.leaves(batch)[0].shape[0])
+    return combine_group_grads(values, group_grads, jax.tree.leaves(batch)[0].shape[0],
+                               leaf_scales=None if leaf_scales is None else leaf_scales(params))
 
   return fn
 
