@@ -262,8 +262,8 @@ class Recipe:
     """What DATE measures: `noise_of`, with "auto" resolved.
 
     "auto" is the optimizer's own step where DATE can measure it: "lars_step"
-    for plain LARS (on the study's ResNet it made fixed-batch DATE take 10–18%
-    fewer steps at 8x–64x, at the baseline's accuracy; notes/batch_growth.md),
+    for plain LARS (on the study's ResNet it made fixed-batch DATE take 2–18%
+    fewer steps at 2x–64x, at the baseline's accuracy; notes/batch_growth.md),
     "gradient" for every other optimizer, LARC's clipped trust ratios and a
     clipped gradient.
 
