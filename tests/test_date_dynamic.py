@@ -265,7 +265,7 @@ def test_a_recipe_refuses_a_noise_of_its_optimizer_does_not_take(fields, match):
     ({"grad_clip_norm": 1.0}, "gradient"),
 ])
 def test_auto_measures_the_lars_step_where_it_can_and_the_gradient_elsewhere(fields, measured):
-  """"auto" (the default) never refuses: it falls back to the gradient where the step's
+  """The default, "auto", never refuses: it falls back to the gradient where the step's
   noise is not LARS's plain trust ratios × the gradient."""
   params, _ = _tree()
   recipe = _lars_step_recipe(**{"noise_of": "auto", **fields})
