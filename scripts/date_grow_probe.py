@@ -5,7 +5,8 @@ The probe behind notes/batch_growth.md's tables of growth rules:
   python scripts/date_grow_probe.py configs/mnist1d_lstm.py 64 grow 0 1 --workdir runs/probe
   python scripts/date_grow_probe.py configs/study_mnist1d_resnet.py 64 fixed 0
 
-Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price.
+Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price;
+`--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from the loss).
 """
 
 import argparse
@@ -26,6 +27,9 @@ def main():
   parser.add_argument("seed", type=int, nargs="?", default=0)
   parser.add_argument("step_price", type=float, nargs="?", default=None)
   parser.add_argument("--workdir", default="runs/grow_probe")
+  parser.add_argument("--log-every-steps", type=int, default=None,
+                      help="log the training metrics every this many steps (default: the "
+                           "config's); logging does not change the run")
   args = parser.parse_args()
   logging.set_verbosity(logging.WARNING)
   config = load_config(args.config)
@@ -37,6 +41,10 @@ def main():
   config.plan = plan
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
   config.overwrite = True  # a probe replaces the last one in its workdir
+  if args.log_every_steps is not None:
+    if args.log_every_steps < 1:
+      parser.error(f"--log-every-steps must be >= 1; got {args.log_every_steps}")
+    config.log_every_steps = args.log_every_steps
   start = time.time()
   result = train.train_and_evaluate(config, args.workdir)
   print(json.dumps({

@@ -194,6 +194,43 @@ def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
   assert len(lines) == 2
 
 
+def test_filled_profile_by_hand():
+  assert study.filled_profile([math.nan, 40.0, math.inf, 0.5, 7.0]) == [40.0, 40.0, 40.0, 1.0,
+                                                                          7.0]
+  assert study.filled_profile([math.nan]) == [1.0]
+
+
+def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
+  """A grown run that read B_noise 400 throughout: scripts/price_frontier.py's play-out at
+  prices 0.5 and 4 is the engine's rule on that constant, called directly, and the higher
+  price buys fewer steps for more examples."""
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "price_frontier.py")
+  spec = importlib.util.spec_from_file_location("price_frontier", path)
+  frontier = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(frontier)
+  base = date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1, learning_rate=0.1,
+                     optimizer="sgd", warmup_epochs=0.1)
+  recipe = date.plan(base, 512, "adaptive", grow_batch=True)
+  with open(tmp_path / "recipe.json", "w") as f:
+    json.dump({"planned": recipe.to_dict()}, f)
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    for step in range(1, 201):
+      f.write(json.dumps({"step": step, "train/loss": 1.0, "train/date/progress": 5.0 * step,
+                          "train/date/noise_scale": 400.0}) + "\n")
+    f.write(json.dumps({"step": 200, "run/steps": 200, "run/examples_vs_baseline": 2.5}) + "\n")
+  result = frontier.run_frontier(str(tmp_path), [0.5, 4.0])
+  assert (result["steps"], result["examples_vs_baseline"], result["price"]) == (200, 2.5, 1.0)
+  for price in (0.5, 4.0):
+    assert result["law"][price] == date.predicted_budget(
+        400.0, base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
+        warmup_steps=100, step_price=price)
+  cheap, dear = result["law"][0.5], result["law"][4.0]
+  assert dear["steps"] < cheap["steps"] and dear["examples"] > cheap["examples"]
+  table = frontier.markdown([result], [0.5, 4.0]).splitlines()
+  assert table[2].startswith(f"| {tmp_path} | 1 | 200, 2.50x | {cheap['steps']:,}, ")
+
+
 def test_study_figures_are_written(tmp_path):
   pytest.importorskip("matplotlib")
   from dateopt.study import figures

@@ -49,6 +49,7 @@ from dateopt.study.report import (
     bar_check,
     baseline_target,
     dominated,
+    filled_profile,
     growth_report,
     law_report,
     markdown_report,
@@ -63,7 +64,7 @@ from dateopt.study.runner import Study
 __all__ = [
     "ADAPTIVE_STRATEGIES", "BAR_TOLERANCE", "DEFAULT_STRATEGIES", "MULTIPLES", "STATIC_RULES",
     "STRATEGIES", "Cell", "Study", "bar_check", "baseline_target", "cell_config", "dominated",
-    "effective_noise_scale", "finite_median", "grid", "growth_report", "law_report",
-    "markdown_report", "measured_noise_scales", "profile_report", "progress_profile", "run_cell",
-    "steps_to_target", "summarize", "write_csv",
+    "effective_noise_scale", "filled_profile", "finite_median", "grid", "growth_report",
+    "law_report", "markdown_report", "measured_noise_scales", "profile_report",
+    "progress_profile", "run_cell", "steps_to_target", "summarize", "write_csv",
 ]

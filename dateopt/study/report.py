@@ -357,7 +357,8 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
         continue
       recipes = {s: runs[0][1] for s, runs in measured.items()}
       for strategy, runs in measured.items():
-        profile = _filled([finite_median(p[i] for _, _, p in runs) for i in range(LAW_POINTS)])
+        profile = filled_profile([finite_median(p[i] for _, _, p in runs)
+                                  for i in range(LAW_POINTS)])
         grown, fixed = (date.plan_predicted_budget(recipes[s], profile)
                         for s in ("adaptive_grow", "adaptive"))
         quarters = [statistics.median(profile[q * LAW_POINTS // 4:(q + 1) * LAW_POINTS // 4])
@@ -394,9 +395,14 @@ def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: s
   return runs
 
 
-def _filled(profile: Sequence[float]) -> list[float]:
+def filled_profile(profile: Sequence[float]) -> list[float]:
   """A profile with no gaps: a point without a finite value takes the last one before it (the
-  first one, at the start), and values below one example are read as one (the law's floor)."""
+  first one, at the start), and values below one example are read as one (the law's floor).
+
+  Example:
+    >>> filled_profile([math.nan, 40.0, math.nan, 0.5])
+    [40.0, 40.0, 40.0, 1.0]
+  """
   finite = [v for v in profile if math.isfinite(v)]
   filled, last = [], finite[0] if finite else 1.0
   for value in profile:

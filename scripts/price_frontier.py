@@ -1,0 +1,68 @@
+"""McCandlish's law on one DATE run's own noise readings, at several step prices.
+
+Does a grown run sit on the steps-against-examples frontier of the noise scale it
+measured, and what would another `step_price` have bought? For each run folder
+(a trainer workdir with `metrics.jsonl` and `recipe.json`), the profile of
+B_noise over the baseline's progress that the run logged is played out by
+`date.plan_predicted_budget` with the run's planned recipe at each price, beside
+what the run took. The play-out climbs from the first step (no plateau), so it
+is a frontier of the readings, not a replay of the run (notes/batch_growth.md).
+
+  python scripts/price_frontier.py runs/mj_grow runs/mj_p0.7 --prices 0.5,0.7,1,1.4
+
+The runs come from `scripts/date_grow_probe.py` (its `--workdir`).
+"""
+
+import argparse
+import json
+import os
+
+from dateopt import date
+from dateopt.study import filled_profile, progress_profile
+from dateopt.study.report import LAW_POINTS
+from dateopt.train import read_metrics
+
+
+def run_frontier(folder: str, prices: list[float]) -> dict:
+  """What the run in `folder` took, and the law's play-out of its readings at each price."""
+  with open(os.path.join(folder, "recipe.json"), encoding="utf-8") as f:
+    recipe = date.Recipe.from_dict(json.load(f)["planned"])
+  rows = read_metrics(os.path.join(folder, "metrics.jsonl"))
+  profile = filled_profile(
+      progress_profile(rows, recipe.total_steps, quarters=LAW_POINTS)["noise_scale"])
+  finished = [r for r in rows if "run/steps" in r]
+  if not finished:
+    raise ValueError(f"{folder}: metrics.jsonl has no run/steps summary; the run did not finish.")
+  last = finished[-1]
+  law = {price: date.plan_predicted_budget(recipe.replace(step_price=price), profile)
+         for price in prices}
+  return {"run": folder, "price": recipe.step_price, "steps": int(last["run/steps"]),
+          "examples_vs_baseline": float(last["run/examples_vs_baseline"]), "law": law}
+
+
+def markdown(results: list[dict], prices: list[float]) -> str:
+  """One row per run: its price, what it took, the law at each price (steps, examples ×)."""
+  head = "| run | its price | took | " + " | ".join(f"law at price {p:g}" for p in prices) + " |"
+  lines = [head, "|---|---:|---|" + "---|" * len(prices)]
+  for r in results:
+    law = " | ".join(f"{r['law'][p]['steps']:,}, {r['law'][p]['examples_vs_baseline']:.2f}x"
+                     for p in prices)
+    lines.append(f"| {r['run']} | {r['price']:g} | {r['steps']:,}, "
+                 f"{r['examples_vs_baseline']:.2f}x | {law} |")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("runs", nargs="+", help="trainer workdirs of DATE adaptive runs")
+  parser.add_argument("--prices", default="0.5,0.7,1,1.4,2",
+                      help="comma-separated step prices to play out (each > 0)")
+  args = parser.parse_args()
+  prices = [float(p) for p in args.prices.split(",") if p]
+  if not prices or any(p <= 0 for p in prices):
+    parser.error(f"--prices must be numbers > 0; got {args.prices!r}")
+  print(markdown([run_frontier(folder, prices) for folder in args.runs], prices))
+
+
+if __name__ == "__main__":
+  main()
