@@ -14,20 +14,18 @@ The runs come from `scripts/date_grow_probe.py` (its `--workdir`).
 """
 
 import argparse
-import json
-import os
 
 from dateopt import date
-from dateopt.study import filled_profile, progress_profile
+from dateopt.study import filled_profile, progress_profile, read_run
 from dateopt.study.report import LAW_POINTS
-from dateopt.train import read_metrics
 
 
 def run_frontier(folder: str, prices: list[float]) -> dict:
   """What the run in `folder` took, and the law's play-out of its readings at each price."""
-  with open(os.path.join(folder, "recipe.json"), encoding="utf-8") as f:
-    recipe = date.Recipe.from_dict(json.load(f)["planned"])
-  rows = read_metrics(os.path.join(folder, "metrics.jsonl"))
+  run = read_run(folder)
+  if run is None:
+    raise FileNotFoundError(f"{folder}: needs recipe.json and metrics.jsonl (a trainer workdir).")
+  recipe, rows = run
   profile = filled_profile(
       progress_profile(rows, recipe.total_steps, quarters=LAW_POINTS)["noise_scale"])
   finished = [r for r in rows if "run/steps" in r]
@@ -58,8 +56,11 @@ def main():
   parser.add_argument("--prices", default="0.5,0.7,1,1.4,2",
                       help="comma-separated step prices to play out (each > 0)")
   args = parser.parse_args()
-  prices = [float(p) for p in args.prices.split(",") if p]
-  if not prices or any(p <= 0 for p in prices):
+  try:
+    prices = [float(p) for p in args.prices.split(",") if p]
+  except ValueError:
+    prices = []
+  if not prices or any(not p > 0 for p in prices):
     parser.error(f"--prices must be numbers > 0; got {args.prices!r}")
   print(markdown([run_frontier(folder, prices) for folder in args.runs], prices))
 

@@ -55,6 +55,7 @@ from dateopt.study.report import (
     markdown_report,
     profile_report,
     progress_profile,
+    read_run,
     steps_to_target,
     summarize,
     write_csv,
@@ -66,5 +67,5 @@ __all__ = [
     "STRATEGIES", "Cell", "Study", "bar_check", "baseline_target", "cell_config", "dominated",
     "effective_noise_scale", "filled_profile", "finite_median", "grid", "growth_report",
     "law_report", "markdown_report", "measured_noise_scales", "profile_report",
-    "progress_profile", "run_cell", "steps_to_target", "summarize", "write_csv",
+    "progress_profile", "read_run", "run_cell", "steps_to_target", "summarize", "write_csv",
 ]

@@ -383,16 +383,29 @@ def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: s
   for row in rows:
     if (row["workload"], row["strategy"], row["multiple"]) != (workload, strategy, k):
       continue
-    folder = runner.workdir(Cell(workload, strategy, k, row["seed"]))
-    metrics_path, recipe_path = (os.path.join(folder, name)
-                                 for name in ("metrics.jsonl", "recipe.json"))
-    if os.path.exists(metrics_path) and os.path.exists(recipe_path):
-      with open(recipe_path, encoding="utf-8") as f:
-        recipe = date.Recipe.from_dict(json.load(f)["planned"])
-      profile = progress_profile(metrics.read_metrics(metrics_path), base_steps,
-                                 quarters=LAW_POINTS)["noise_scale"]
+    run = read_run(runner.workdir(Cell(workload, strategy, k, row["seed"])))
+    if run is not None:
+      recipe, metric_rows = run
+      profile = progress_profile(metric_rows, base_steps, quarters=LAW_POINTS)["noise_scale"]
       runs.append((row, recipe, profile))
   return runs
+
+
+def read_run(folder: str) -> tuple[date.Recipe, list[dict[str, Any]]] | None:
+  """The planned recipe (`recipe.json`) and the logged rows (`metrics.jsonl`) of the trainer
+  run in `folder`; None when either file is missing.
+
+  Example:
+    >>> read_run("/no/such/run") is None
+    True
+  """
+  metrics_path, recipe_path = (os.path.join(folder, name)
+                               for name in ("metrics.jsonl", "recipe.json"))
+  if not (os.path.exists(metrics_path) and os.path.exists(recipe_path)):
+    return None
+  with open(recipe_path, encoding="utf-8") as f:
+    recipe = date.Recipe.from_dict(json.load(f)["planned"])
+  return recipe, metrics.read_metrics(metrics_path)
 
 
 def filled_profile(profile: Sequence[float]) -> list[float]:
