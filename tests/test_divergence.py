@@ -371,3 +371,41 @@ def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
     assert float(state.gain) == held
   _, unwatched = update(params, state, params, grad_sq_norms=bump)
   assert float(unwatched.gain) == pytest.approx(held * (1 + date.GAIN_RISE), rel=1e-6)
+
+
+def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
+  """A growing run sits at 512 on readings of 300 (512 · 1,024 > λ · B_noise = 1,024 · 300).
+  Three losses of 1.0 after a best of ~0.5 are a hold (gain 1); the gain before it becomes the
+  ceiling. Then the loss comes back to 0.52, near its best and not below, while the readings
+  stay at 3,000: the gain recovers to the ceiling, not to adascale_gain(3000) = 13.8, and the
+  batch stays, although the growth rule alone would climb. Losses of 0.3 set a new best: the
+  ceiling goes, the gain rises past it and the batch climbs."""
+  tx = _engine(batch_size=1024, batch_sizes=date.batch_ladder(32, 1024))
+  params = {"w": jnp.ones(2)}
+  update = jax.jit(tx.update)
+  state = tx.init(params)
+
+  def train(state, losses, noise_scale):
+    for loss in losses:
+      sq_norms = _sq_norms(noise_scale, int(date.next_batch_size(state)))
+      _, state = update(params, state, params, grad_sq_norms=sq_norms, value=loss)
+    return state
+
+  state = train(state, [2.3] * 10 + [0.5] * 110, 300.0)
+  assert int(state.batch_size) == 512 and np.isinf(float(state.gain_cap))
+  before = float(state.gain)
+  assert before == pytest.approx(date.adascale_gain(300.0, 32, 512), rel=1e-5)
+  state = train(state, [1.0] * 3, 300.0)
+  assert bool(divergence.loss_rising(state.watch)) and float(state.gain) == 1.0
+  assert float(state.gain_cap) == before
+  state = train(state, [0.52] * 60, 3000.0)
+  assert bool(date.may_grow_batch(state.watch)) and not bool(divergence.loss_rising(state.watch))
+  assert float(state.watch.ema) > float(state.watch.best)
+  assert float(state.gain) == before and float(state.gain_cap) == before
+  assert int(state.batch_size) == 512
+  assert date.wants_next_rung(int(state.count) // 20 * 20, 3000.0, batch_size=512,
+                              next_batch_size=1024, max_batch_size=1024, warmup_steps=0)
+  state = train(state, [0.3] * 30, 3000.0)
+  assert np.isinf(float(state.gain_cap))
+  assert float(state.gain) > before * (1 + date.GAIN_RISE)
+  assert int(state.batch_size) == 1024

@@ -59,7 +59,9 @@ most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
 the gain would jump to k), nor, once the run has learnt, while its loss sits above
 its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
-after the loss has stopped rising). Each noise reading is winsorized against the EMAs
+after the loss has stopped rising). A hold leaves a ceiling (`bump_ceiling`): the gain
+of the step before it, which the gain may recover to but not pass, and a growing batch
+does not climb, until the loss sets a new best. Each noise reading is winsorized against the EMAs
 (`dateopt.date.noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date.divergence` watches the run. A step whose gradient jumps
@@ -120,6 +122,8 @@ class AdaptiveState(NamedTuple):
     gain: the gain the last step applied (bounded; 1 before the first step).
     gain_batch_size: the batch of that step (int32).
     watch: the divergence watch (`dateopt.date.divergence`).
+    gain_cap: the ceiling a bump left on the gain (`bump_ceiling`): the gain
+      of the step before the loss began to rise; inf while there is none.
   """
 
   inner_state: Any
@@ -130,6 +134,7 @@ class AdaptiveState(NamedTuple):
   gain: jax.Array
   gain_batch_size: jax.Array
   watch: DivergenceWatchState
+  gain_cap: jax.Array
 
 
 # The gain's largest rise per step, relative. Healthy runs' measured gain moves far slower
@@ -242,6 +247,51 @@ def _no_rise_off_best(gain, previous, watch, learnt):
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
 
 
+def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
+  """The ceiling a bump leaves on the gain, after this step's watch (arrays).
+
+  At the first step `holding` (a rising loss, `loss_rising`) the gain of the
+  step before, `previous_gain`, becomes the ceiling; it stays through the hold
+  and after it, until a `steady` step whose loss EMA sets a new best
+  (`watch.ema <= watch.best`) lifts it (inf: none). Until then the gain may
+  recover up to the ceiling, not past it, and a growing batch does not climb.
+  After a bump the readings keep rising while the loss does not come back: on
+  one host the study LSTM's 64x grown seed 1 followed them from gain 10 to 35
+  and ended 1.95 points below its baseline; with the ceiling, 0.36 below
+  (notes/batch_growth.md, fourteenth session).
+
+  Example:
+    >>> import jax.numpy as jnp
+    >>> from dateopt.date.divergence import init_watch
+    >>> watch = init_watch()._replace(ema=jnp.float32(0.6), best=jnp.float32(0.5))
+    >>> cap = bump_ceiling(jnp.float32(jnp.inf), 10.0, watch, holding=True, steady=False)
+    >>> float(cap), float(bump_ceiling(cap, 1.0, watch, holding=True, steady=False))
+    (10.0, 10.0)
+    >>> float(bump_ceiling(cap, 9.0, watch._replace(best=jnp.float32(0.6)), holding=False,
+    ...                    steady=True))
+    inf
+  """
+  starts = holding & jnp.isinf(cap)
+  released = steady & (watch.ema <= watch.best)
+  return jnp.where(released, jnp.inf, jnp.where(starts, previous_gain, cap))
+
+
+def _watched_gain(gain, state, watch, learnt, *, steady, healthy, grown_batch, base_batch_size):
+  """The gain after the watch's rules, and the bump's ceiling (`bump_ceiling`) after this step.
+
+  No rise while the loss sits off its best (`_no_rise_off_best`), not past a
+  bump's ceiling, and, on a growing batch (`grown_batch`: the step's; None for
+  a fixed one), held to √(B/B0) until the run has learnt.
+  """
+  gain = _no_rise_off_best(gain, state.gain, watch, learnt)
+  cap = bump_ceiling(state.gain_cap, state.gain, watch, holding=healthy & ~steady,
+                     steady=steady)
+  gain = jnp.minimum(gain, cap)
+  if grown_batch is not None:  # static
+    gain = _root_gain_until_learnt(gain, learnt, grown_batch, base_batch_size)
+  return gain, cap
+
+
 def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
                  growth_interval):
   """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0
@@ -341,24 +391,19 @@ def adaptive(
     >>> round(float(state.progress), 3)
     6.769
   """
-  check_range("base_batch_size", base_batch_size, low=1)
-  check_range("batch_size", batch_size, low=base_batch_size)
-  check_range("base_steps", base_steps, low=1)
-  check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
-  check_choice("gain_rule", gain_rule, GAIN_RULES)
-  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
+                  warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
+                  step_price=step_price, growth_interval=growth_interval,
+                  divergence_patience=divergence_patience)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
-  check_range("step_price", step_price, low=0.0, low_inclusive=False)
-  check_range("growth_interval", growth_interval, low=1)
-  if divergence_patience is not None:
-    check_range("divergence_patience", divergence_patience, low=1)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
 
   def init_fn(params):
     first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
     return AdaptiveState(inner.init(params), jnp.zeros((), jnp.float32),
                          jnp.zeros((), jnp.int32), init_noise_scale(), first_batch,
-                         jnp.ones((), jnp.float32), first_batch, init_watch())
+                         jnp.ones((), jnp.float32), first_batch, init_watch(),
+                         jnp.full((), jnp.inf, jnp.float32))
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 value=None, lr_multiplier=None, **extra_args):
@@ -388,9 +433,11 @@ def adaptive(
                          jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
-    gain = _no_rise_off_best(gain, state.gain, watch, learnt) if watching else gain  # static
-    if ladder and watching:  # static
-      gain = _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
+    cap = state.gain_cap
+    if watching:  # static: the watch's rules on the gain
+      gain, cap = _watched_gain(gain, state, watch, learnt, steady=steady, healthy=healthy,
+                                grown_batch=step_batch if ladder else None,
+                                base_batch_size=base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -411,7 +458,7 @@ def adaptive(
       next_batch = state.batch_size
       if ladder:
         # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-        may_climb = (steady & may_grow_batch(watch)) if watching else steady
+        may_climb = (steady & may_grow_batch(watch) & jnp.isinf(cap)) if watching else steady
         next_batch = jnp.where(may_climb,
                                _climb(state.batch_size, count, noise, ladder, warmup_steps,
                                       step_price, growth_interval),
@@ -423,7 +470,7 @@ def adaptive(
       return new_updates, AdaptiveState(
           new_inner, progress, count, noise, next_batch, gain,
           jnp.asarray(step_batch, jnp.int32),
-          watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)))
+          watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap)
 
     def idle():  # the schedule is covered, the run gave up, or its gradient jumped: no update
       counted = (watch if divergence_patience is None  # static: no watch, no jumps
@@ -433,6 +480,21 @@ def adaptive(
     return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | jump, idle, step)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule,
+                    noise_decay, step_price, growth_interval, divergence_patience) -> None:
+  """`adaptive`'s numbers and choices, checked: an error names the field and what it allows."""
+  check_range("base_batch_size", base_batch_size, low=1)
+  check_range("batch_size", batch_size, low=base_batch_size)
+  check_range("base_steps", base_steps, low=1)
+  check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
+  check_choice("gain_rule", gain_rule, GAIN_RULES)
+  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  check_range("step_price", step_price, low=0.0, low_inclusive=False)
+  check_range("growth_interval", growth_interval, low=1)
+  if divergence_patience is not None:
+    check_range("divergence_patience", divergence_patience, low=1)
 
 
 def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] | None:
