@@ -11,7 +11,17 @@ is a frontier of the readings, not a replay of the run (notes/batch_growth.md).
   python scripts/price_frontier.py runs/mj_grow runs/mj_p0.7 --prices 0.5,0.7,1,1.4
 
 The runs come from `scripts/date_grow_probe.py` (its `--workdir`).
+
+The law assumes a batch-free noise scale. `--readings-at` checks that assumption instead:
+the B_noise each run logged nearest each given progress (in baseline steps), with the batch
+it had there. Runs at different batches then show whether a larger batch reads more
+(notes/batch_growth.md, sixteenth session: the study ResNet does, 1.1-1.25x a doubling):
+
+  python scripts/price_frontier.py docs/growth_study/bump_cap/runs/resnet_adaptive_*_seed0 \
+      --readings-at 300,1000,3000,6000
 """
+
+import math
 
 import argparse
 
@@ -38,6 +48,41 @@ def run_frontier(folder: str, prices: list[float]) -> dict:
           "examples_vs_baseline": float(last["run/examples_vs_baseline"]), "law": law}
 
 
+def readings_at(folder: str, points: list[float]) -> list[tuple[float, int] | None]:
+  """(B_noise, batch) of the logged row nearest each progress point; None: nothing measured."""
+  run = read_run(folder)
+  if run is None:
+    raise FileNotFoundError(f"{folder}: needs recipe.json and metrics.jsonl (a trainer workdir).")
+  measured = [r for r in run[1] if "train/date/progress" in r
+              and math.isfinite(float(r.get("train/date/noise_scale") or math.nan))]
+  if not measured:
+    return [None] * len(points)
+  nearest = [min(measured, key=lambda r, p=p: abs(float(r["train/date/progress"]) - p))
+             for p in points]
+  return [(float(r["train/date/noise_scale"]), int(r["train/batch_size"])) for r in nearest]
+
+
+def readings_markdown(folders: list[str], points: list[float]) -> str:
+  """One row per run: B_noise@batch nearest each progress point."""
+  lines = ["| run | " + " | ".join(f"τ {p:,g}" for p in points) + " |",
+           "|---|" + "---|" * len(points)]
+  for folder in folders:
+    cells = [f"{r[0]:,.0f}@{r[1]:,}" if r else "" for r in readings_at(folder, points)]
+    lines.append(f"| {folder} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def _numbers(parser, flag: str, text: str) -> list[float]:
+  """The comma-separated numbers > 0 of `flag`, or the parser's error."""
+  try:
+    values = [float(v) for v in text.split(",") if v]
+  except ValueError:
+    values = []
+  if not values or any(not v > 0 for v in values):
+    parser.error(f"{flag} must be numbers > 0; got {text!r}")
+  return values
+
+
 def markdown(results: list[dict], prices: list[float]) -> str:
   """One row per run: its price, what it took, the law at each price (steps, examples ×)."""
   head = "| run | its price | took | " + " | ".join(f"law at price {p:g}" for p in prices) + " |"
@@ -55,13 +100,14 @@ def main():
   parser.add_argument("runs", nargs="+", help="trainer workdirs of DATE adaptive runs")
   parser.add_argument("--prices", default="0.5,0.7,1,1.4,2",
                       help="comma-separated step prices to play out (each > 0)")
+  parser.add_argument("--readings-at", default=None,
+                      help="comma-separated progress points (baseline steps, each > 0): print "
+                           "each run's B_noise@batch nearest them instead of the law")
   args = parser.parse_args()
-  try:
-    prices = [float(p) for p in args.prices.split(",") if p]
-  except ValueError:
-    prices = []
-  if not prices or any(not p > 0 for p in prices):
-    parser.error(f"--prices must be numbers > 0; got {args.prices!r}")
+  if args.readings_at is not None:
+    print(readings_markdown(args.runs, _numbers(parser, "--readings-at", args.readings_at)))
+    return
+  prices = _numbers(parser, "--prices", args.prices)
   print(markdown([run_frontier(folder, prices) for folder in args.runs], prices))
 
 

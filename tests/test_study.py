@@ -204,11 +204,7 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   """A grown run that read B_noise 400 throughout: scripts/price_frontier.py's play-out at
   prices 0.5 and 4 is the engine's rule on that constant, called directly, and the higher
   price buys fewer steps for more examples."""
-  import importlib.util  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "price_frontier.py")
-  spec = importlib.util.spec_from_file_location("price_frontier", path)
-  frontier = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(frontier)
+  frontier = _load_price_frontier()
   base = date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1, learning_rate=0.1,
                      optimizer="sgd", warmup_epochs=0.1)
   recipe = date.plan(base, 512, "adaptive", grow_batch=True)
@@ -229,6 +225,44 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   assert dear["steps"] < cheap["steps"] and dear["examples"] > cheap["examples"]
   table = frontier.markdown([result], [0.5, 4.0]).splitlines()
   assert table[2].startswith(f"| {tmp_path} | 1 | 200, 2.50x | {cheap['steps']:,}, ")
+
+
+def _load_price_frontier():
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "price_frontier.py")
+  spec = importlib.util.spec_from_file_location("price_frontier", path)
+  frontier = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(frontier)
+  return frontier
+
+
+def test_price_frontier_readings_at_take_the_logged_row_nearest_each_progress(tmp_path):
+  """--readings-at: a run that read 10·τ at batch 64 up to τ 500 and at 128 after gives, at
+  τ 240 and 880, the rows at τ 250 and 875 (every 125); a run with no reading gives blanks."""
+  frontier = _load_price_frontier()
+  recipe = date.plan(date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1,
+                                 learning_rate=0.1, optimizer="sgd"), 128, "adaptive")
+  for name, noise in (("read", lambda tau: 10.0 * tau), ("unread", lambda tau: None)):
+    os.makedirs(tmp_path / name)
+    with open(tmp_path / name / "recipe.json", "w") as f:
+      json.dump({"planned": recipe.to_dict()}, f)
+    with open(tmp_path / name / "metrics.jsonl", "w") as f:
+      f.write(json.dumps({"step": 1, "train/batch_size": 64.0}) + "\n")  # no progress: skipped
+      for step in range(1, 9):
+        tau = 125.0 * step
+        f.write(json.dumps({"step": step, "train/date/progress": tau,
+                            "train/date/noise_scale": noise(tau),
+                            "train/batch_size": 64.0 if tau <= 500 else 128.0}) + "\n")
+  assert frontier.readings_at(str(tmp_path / "read"), [240.0, 880.0]) == [(2500.0, 64),
+                                                                        (8750.0, 128)]
+  assert frontier.readings_at(str(tmp_path / "unread"), [240.0]) == [None]
+  table = frontier.readings_markdown([str(tmp_path / "read"), str(tmp_path / "unread")],
+                                     [240.0, 880.0]).splitlines()
+  assert table[0] == "| run | τ 240 | τ 880 |"
+  assert table[2] == f"| {tmp_path / 'read'} | 2,500@64 | 8,750@128 |"
+  assert table[3] == f"| {tmp_path / 'unread'} |  |  |"
+  with pytest.raises(FileNotFoundError, match="recipe.json"):
+    frontier.readings_at(str(tmp_path / "missing"), [1.0])
 
 
 def test_study_figures_are_written(tmp_path):
