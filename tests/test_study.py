@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from dateopt import configs, date, study
+from dateopt.study import __main__ as study_main
 from dateopt.train import experiment
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
@@ -318,6 +319,21 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   reran = [line for line in out.stdout.splitlines() if line.startswith("tiny/")]
   assert reran == [line for line in reran if "legw_date_steps" in line] and len(reran) == 1
   assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 7
+
+  # A study run one --workload at a time into one outdir reports every workload it finished.
+  rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
+  with open(tmp_path / "cells.jsonl", "a", encoding="utf-8") as f:
+    for row in rows + [dict(rows[0], workload="unknown", key="unknown/baseline/1x/0")]:
+      twin = dict(row, workload=row["workload"].replace("tiny", "twin"))
+      f.write(json.dumps(dict(twin, key=twin["key"].replace("tiny", "twin"))) + "\n")
+  argv = ["--workload", "tiny", "--config", f"tiny={TINY}", "--config", f"twin={TINY}",
+          "--quick", "--report-only", "--outdir", str(tmp_path), "--no-progress"]
+  study_main.main(argv)
+  with open(tmp_path / "results.csv", encoding="utf-8") as f:
+    workloads = [line["workload"] for line in csv.DictReader(f)]
+  assert workloads.count("tiny") == workloads.count("twin") == 7 and "unknown" not in workloads
+  text = (tmp_path / "results.md").read_text()
+  assert "#### tiny\n" in text and "#### twin\n" in text and (tmp_path / "twin_steps.png").exists()
 
 
 def test_measured_noise_scales_read_null_after_a_measurement_as_inf():

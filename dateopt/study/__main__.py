@@ -4,7 +4,9 @@ Every run starts from the workload's frozen baseline recipe (`dateopt/configs/st
 see `dateopt.study` for the grid. Finished runs are kept in
 `<outdir>/cells.jsonl`, so an interrupted study resumes where it stopped (run
 it again with the same arguments). Writes `<outdir>/results.csv` (every run),
-`results.md` (the tables and the bar) and `<outdir>/<workload>_*.png`.
+`results.md` (the tables and the bar) and `<outdir>/<workload>_*.png`, for every
+workload with finished runs in the outdir (a study run one `--workload` at a time
+reports them all).
 
   python -m dateopt.study                        # both workloads, the full grid
   python -m dateopt.study --workload lstm --quick --outdir runs/study_quick
@@ -72,18 +74,43 @@ def shrink_in_time(config, base_steps: int, num_train_examples: int):
   return config
 
 
-def workload_configs(args):
+def config_paths(args) -> dict[str, str]:
+  """{workload: config file or packaged name}: the study's own, and `--config`'s."""
   paths = dict(WORKLOADS)
   for item in args.config:
     name, _, path = item.partition("=")
     if not path:
       raise SystemExit(f"--config takes NAME=PATH; got {item!r}")
     paths[name] = path
+  return paths
+
+
+def workload_configs(args):
+  paths = config_paths(args)
   names = [w for w in args.workload.split(",") if w]
   unknown = [w for w in names if w not in paths]
   if unknown:
     raise SystemExit(f"--workload: unknown {unknown}; known: {sorted(paths)}")
   return {name: configs_lib.load(paths[name]) for name in names}
+
+
+def report_study(args, runner: Study) -> Study:
+  """`runner` with the configs of every workload that has finished runs in the outdir, not only
+  `--workload`'s: a study run one workload at a time into one outdir reports them all. A
+  workload the study has no config for is left out, with a line that says how to add it."""
+  configs, paths = dict(runner.configs), config_paths(args)
+  added = []
+  for name in sorted({row["workload"] for row in runner.rows()} - set(configs)):
+    if name not in paths:
+      print(f"{name}: its runs in {runner.results_path} are not in the report "
+            f"(no config: --config {name}=PATH)")
+      continue
+    configs[name] = configs_lib.load(paths[name])
+    added.append(name)
+  reported = Study(runner.outdir, configs)
+  for name in added if args.quick else ():
+    shrink_in_time(configs[name], QUICK_BASE_STEPS, reported.num_train_examples(name))
+  return reported
 
 
 def report(runner: Study, outdir: str, copy_to: str | None) -> str:
@@ -151,7 +178,7 @@ def main(argv=None):
     strategies = args.strategies.split(",") if args.strategies else cells.DEFAULT_STRATEGIES
     todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)
     runner.run(todo, progress=not args.no_progress)
-  text = report(runner, args.outdir, args.figures)
+  text = report(report_study(args, runner), args.outdir, args.figures)
   print("\n" + text)
   print(f"\n{args.outdir}: results.csv, results.md, PNGs ({time.perf_counter() - started:.0f} s)")
 
