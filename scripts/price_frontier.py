@@ -21,21 +21,25 @@ it had there. Runs at different batches then show whether a larger batch reads m
       --readings-at 300,1000,3000,6000
 """
 
-import math
-
 import argparse
+import math
 
 from dateopt import date
 from dateopt.study import filled_profile, progress_profile, read_run
 from dateopt.study.report import LAW_POINTS
 
 
-def run_frontier(folder: str, prices: list[float]) -> dict:
-  """What the run in `folder` took, and the law's play-out of its readings at each price."""
+def _read(folder: str):
+  """The run's (recipe, metric rows), or an error that says what a run folder holds."""
   run = read_run(folder)
   if run is None:
     raise FileNotFoundError(f"{folder}: needs recipe.json and metrics.jsonl (a trainer workdir).")
-  recipe, rows = run
+  return run
+
+
+def run_frontier(folder: str, prices: list[float]) -> dict:
+  """What the run in `folder` took, and the law's play-out of its readings at each price."""
+  recipe, rows = _read(folder)
   profile = filled_profile(
       progress_profile(rows, recipe.total_steps, quarters=LAW_POINTS)["noise_scale"])
   finished = [r for r in rows if "run/steps" in r]
@@ -50,10 +54,7 @@ def run_frontier(folder: str, prices: list[float]) -> dict:
 
 def readings_at(folder: str, points: list[float]) -> list[tuple[float, int] | None]:
   """(B_noise, batch) of the logged row nearest each progress point; None: nothing measured."""
-  run = read_run(folder)
-  if run is None:
-    raise FileNotFoundError(f"{folder}: needs recipe.json and metrics.jsonl (a trainer workdir).")
-  measured = [r for r in run[1] if "train/date/progress" in r
+  measured = [r for r in _read(folder)[1] if "train/date/progress" in r
               and math.isfinite(float(r.get("train/date/noise_scale") or math.nan))]
   if not measured:
     return [None] * len(points)
