@@ -6,7 +6,8 @@ The probe behind notes/batch_growth.md's tables of growth rules:
   python scripts/date_grow_probe.py configs/study_mnist1d_resnet.py 64 fixed 0
 
 Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price;
-`--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from the loss).
+`--noise-batch-exponent 0` reads each rung's noise scale as measured (grown runs; the
+engine's default credits it × (B_max/B)^0.2); `--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from the loss).
 """
 
 import argparse
@@ -27,6 +28,9 @@ def main():
   parser.add_argument("seed", type=int, nargs="?", default=0)
   parser.add_argument("step_price", type=float, nargs="?", default=None)
   parser.add_argument("--workdir", default="runs/grow_probe")
+  parser.add_argument("--noise-batch-exponent", type=float, default=None,
+                      help="grown runs: α of the credit (B_max/B)^α on rung B's noise scale "
+                           "(default: the engine's)")
   parser.add_argument("--log-every-steps", type=int, default=None,
                       help="log the training metrics every this many steps (default: the "
                            "config's); logging does not change the run")
@@ -38,6 +42,8 @@ def main():
   plan = {"grow_batch": args.mode == "grow"}
   if args.mode == "grow" and args.step_price is not None:
     plan["step_price"] = args.step_price
+  if args.mode == "grow" and args.noise_batch_exponent is not None:
+    plan["noise_batch_exponent"] = args.noise_batch_exponent
   config.plan = plan
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
   config.overwrite = True  # a probe replaces the last one in its workdir
@@ -50,6 +56,7 @@ def main():
   print(json.dumps({
       "multiple": args.multiple, "mode": args.mode, "seed": args.seed, "step_price": plan.get(
           "step_price", result.recipe.step_price),
+      "noise_batch_exponent": result.recipe.noise_batch_exponent,
       "accuracy": result.eval_metrics["accuracy"], "steps": result.steps,
       "examples": result.examples,
       "examples_vs_baseline": result.examples / (result.baseline.total_steps

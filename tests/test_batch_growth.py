@@ -86,16 +86,20 @@ def _sq_norms(noise_scale, batch, groups=4, grad_sq=1.0):
   return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
 
 
-def _engine(ladder, warmup=0, step_price=1.0, growth_interval=date.GROWTH_INTERVAL):
+def _engine(ladder, warmup=0, step_price=1.0, growth_interval=date.GROWTH_INTERVAL,
+            noise_batch_exponent=0.0):
+  """A growing engine; by default (α = 0) it reads each rung's noise scale as measured."""
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                        optax.constant_schedule(0.1), base_batch_size=ladder[0],
                        batch_size=ladder[-1], base_steps=10_000, warmup_steps=warmup,
                        batch_sizes=ladder, step_price=step_price, noise_decay=0.0,
-                       growth_interval=growth_interval)
+                       growth_interval=growth_interval,
+                       noise_batch_exponent=noise_batch_exponent)
 
 
-def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch():
-  tx = _engine((32, 64, 128, 256), warmup=5)
+@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
+def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch(exponent):
+  tx = _engine((32, 64, 128, 256), warmup=5, noise_batch_exponent=exponent)
   params = {"w": jnp.ones(3)}
   state = tx.init(params)
   update = jax.jit(tx.update, static_argnames=())
@@ -105,7 +109,8 @@ def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_ba
     batches.append(batch)
     _, state = update({"w": jnp.ones(3)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch))
     ramp = min(1.0, len(batches) / 5)
-    progress += ramp * date.adascale_gain(1000.0, 32, batch)
+    credited = 1000.0 * (256 / batch) ** exponent  # rung B reads B_noise × (B_max/B)^α
+    progress += ramp * date.adascale_gain(credited, 32, batch)
     np.testing.assert_allclose(float(state.progress), progress, rtol=1e-5)
   # B_noise = 1000 ≥ every rung: one rung up at steps 20, 40, 60, never two at once.
   assert batches[:20] == [32] * 20 and batches[20:40] == [64] * 20
@@ -124,6 +129,25 @@ def test_engine_stops_below_the_noise_scale_and_never_shrinks():
     _, state = tx.update({"w": jnp.ones(2)}, state, params,
                          grad_sq_norms=_sq_norms(noise, batch))
   assert max(seen) == 64 and seen[-1] == 64 and seen == sorted(seen)
+
+
+def test_the_credit_climbs_where_the_measured_reading_would_not_and_leaves_the_top_rung_alone():
+  """B_noise 100 at λ = 64: as measured the run stops at 64 (64·128 > 64·100); credited at
+  α = 0.2 it reads 100·(256/64)^0.2 = 132 there and climbs (64·128 ≤ 64·132), then at 128
+  it reads 115 < 256 and stops (the gain's credit: the test above)."""
+  def run(exponent, ladder=(32, 64, 128, 256), steps=100):
+    tx = _engine(ladder, step_price=0.25, noise_batch_exponent=exponent)
+    params = {"w": jnp.ones(2)}
+    state, seen = tx.init(params), []
+    for _ in range(steps):
+      seen.append(int(date.next_batch_size(state)))
+      _, state = tx.update({"w": jnp.ones(2)}, state, params,
+                           grad_sq_norms=_sq_norms(100.0, seen[-1]))
+    return seen, state
+  assert max(run(0.0)[0]) == 64
+  assert max(run(0.2)[0]) == 128
+  with pytest.raises(ValueError, match="noise_batch_exponent"):
+    _engine((32, 64), noise_batch_exponent=1.5)
 
 
 def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
@@ -236,12 +260,14 @@ def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup):
   assert budget["examples"] == budget["steps"] * batch
 
 
-def test_budget_of_a_growing_batch_by_hand():
+@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
+def test_budget_of_a_growing_batch_by_hand(exponent):
   # B_noise = 200 throughout, no warmup, a step priced at B_max = 512, interval 20: rungs 32,
-  # 64, 128, 256 (128·256 ≤ 512·200), then it stays (256·512 > 512·200).
+  # 64, 128, 256 (128·256 ≤ 512·200), then it stays (256·512 > 512·200; credited, rung 256
+  # reads 200·2^0.2 = 230 and stays too). Each rung reads 200·(512/B)^α.
   budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
-                                 base_steps=1000, step_price=1.0)
-  gains = [date.adascale_gain(200.0, 32, b) for b in (32, 64, 128, 256)]
+                                 base_steps=1000, step_price=1.0, noise_batch_exponent=exponent)
+  gains = [date.adascale_gain(200.0 * (512 / b) ** exponent, 32, b) for b in (32, 64, 128, 256)]
   covered = 20 * sum(gains[:3])   # 20 steps at each of the first three rungs
   rest = -(-(1000 - covered) // gains[3])
   assert budget["steps"] == 60 + rest and budget["largest_batch_size"] == 256

@@ -688,6 +688,25 @@ def test_a_changed_recipe_is_only_refused_when_there_is_a_checkpoint_to_resume(t
     recipe_record.check_unchanged(str(tmp_path), new)
 
 
+def test_a_grown_run_recorded_before_the_noise_credit_resumes_only_with_the_credit_off(tmp_path):
+  """A recipe.json without `noise_batch_exponent` ran with 0: the new default 0.2 would
+  change a grown run halfway, so its resume is refused; runs that do not read it resume."""
+  base = date.Recipe(batch_size=32, num_examples=8000, num_epochs=2, learning_rate=1e-3,
+                     optimizer="adam")
+  grown, fixed = (date.plan(base, 256, "adaptive", grow_batch=grow) for grow in (True, False))
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  for recipe in (grown, fixed, base):
+    stored = recipe_record.as_stored(recipe)
+    del stored["noise_batch_exponent"]  # written before the field existed
+    (tmp_path / "recipe.json").write_text(json.dumps({"planned": stored}))
+    if recipe is grown:
+      with pytest.raises(recipe_record.RecipeChangedError, match="noise_batch_exponent: 0 → 0.2"):
+        recipe_record.check_unchanged(str(tmp_path), recipe)
+      recipe_record.check_unchanged(str(tmp_path), recipe.replace(noise_batch_exponent=0.0))
+    else:
+      recipe_record.check_unchanged(str(tmp_path), recipe)
+
+
 def test_recipe_changes_skip_the_rationale_and_fields_the_old_file_lacks():
   stored = {"batch_size": 64, "learning_rate": 0.1, "rationale": {"batch_size": "old words"}}
   planned = {"batch_size": 64, "learning_rate": 0.2, "rationale": {}, "gain_rule": "linear"}

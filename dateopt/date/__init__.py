@@ -40,6 +40,7 @@ from dateopt.date.progress import (
     batch_ladder,
     bounded_gain,
     bump_ceiling,
+    credited_noise,
     next_batch_size,
     predicted_budget,
     progress_done,
@@ -78,7 +79,14 @@ from dateopt.date.planner import (
     plan_predicted_budget,
     plan_predicted_steps,
 )
-from dateopt.date.recipe import GAIN_RULES, NOISE_OF, OPTIMIZERS, STEP_PRICE, Recipe
+from dateopt.date.recipe import (
+    GAIN_RULES,
+    NOISE_BATCH_EXPONENT,
+    NOISE_OF,
+    OPTIMIZERS,
+    STEP_PRICE,
+    Recipe,
+)
 from dateopt.date.stats import (
     StatisticsState,
     TrainingStatistics,
@@ -103,6 +111,7 @@ __all__ = [
     "GROWTH_INTERVAL",
     "GradientSqNorms",
     "LargeBatchWarning",
+    "NOISE_BATCH_EXPONENT",
     "NOISE_OF",
     "NoiseMeasurementState",
     "NoiseScaleState",
@@ -122,6 +131,7 @@ __all__ = [
     "clip_readings",
     "combine_group_grads",
     "compute_statistics",
+    "credited_noise",
     "cross_replica_sq_norms",
     "divergence_guard",
     "diverged",

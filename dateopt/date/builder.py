@@ -90,6 +90,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
                   noise_decay=noise_decay, batch_sizes=ladder,
                   step_price=recipe.step_price,
+                  noise_batch_exponent=recipe.noise_batch_exponent,
                   divergence_patience=divergence_patience)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)

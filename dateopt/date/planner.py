@@ -12,7 +12,13 @@ from dateopt import schedules
 from dateopt.date.divergence import LEARNT
 from dateopt.date.noise import expected_efficiency, predicted_steps
 from dateopt.date.progress import GROWTH_INTERVAL, batch_ladder, predicted_budget
-from dateopt.date.recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, STEP_PRICE, Recipe
+from dateopt.date.recipe import (
+    GAIN_RULES,
+    MOMENTUM_OPTIMIZERS,
+    NOISE_BATCH_EXPONENT,
+    STEP_PRICE,
+    Recipe,
+)
 from dateopt.validation import check_choice, check_range, check_type
 
 STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
@@ -56,6 +62,7 @@ def plan(
     linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
     grow_batch: bool = False,
     step_price: float = STEP_PRICE,
+    noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
     noise_of: str | None = None,
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
@@ -121,6 +128,8 @@ def plan(
     step_price: with `grow_batch`: a step's price in examples of the
       largest batch, in the rule "from rung B to B' once
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+    noise_batch_exponent: with `grow_batch`: α, rung B's noise scale is read
+      × (B_max/B)^α for the gain and the climb (`dateopt.date.credited_noise`).
     noise_of: "adaptive" only: "gradient", "lars_step" for a LARS baseline
       (the noise scale of the step LARS takes, each leaf's gradient times its
       trust ratio: `dateopt.date.noise_leaf_scales`), or "auto" (lars_step
@@ -162,7 +171,8 @@ def plan(
       raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
-                          critical_batch_factor, grow_batch, step_price, noise_of=noise_of)
+                          critical_batch_factor, grow_batch, step_price, noise_of=noise_of,
+                          noise_batch_exponent=noise_batch_exponent)
   if noise_of is not None:
     raise ValueError(f"noise_of={noise_of!r} is a rule of the 'adaptive' strategy (what its "
                      f"noise scale is measured on); got strategy={strategy!r}.")
@@ -216,7 +226,8 @@ def plan(
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                    noise_scale: float | Sequence[float] | None, critical_batch_factor: float,
-                   grow_batch: bool, step_price: float, *, noise_of: str | None) -> Recipe:
+                   grow_batch: bool, step_price: float, *, noise_of: str | None,
+                   noise_batch_exponent: float) -> Recipe:
   """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
   check_range("batch_size", batch_size, low=baseline.batch_size)
   k = batch_size / baseline.batch_size
@@ -248,18 +259,22 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                          f"takes the rung with the cheapest progress, (B + price)/r(B) "
                          f"(McCandlish et al. 2018: B* = √(price·B_noise))"
                          + (" (the default)" if step_price == STEP_PRICE else ""))
+    why["noise_batch_exponent"] = (
+        f"rung B reads B_noise × ({batch_size:,}/B)^{noise_batch_exponent:g} for the gain and "
+        f"the climb: a smaller batch's hotter run reads less noise than the largest will"
+        + (" (the default: the study ResNet's 1.15× a doubling)"
+           if noise_batch_exponent == NOISE_BATCH_EXPONENT else ""))
     why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
-  if noise_scale is not None:
-    why.update(_budget_notes(noise_scale, baseline, batch_size, critical_batch_factor,
-                             grow_batch, step_price))
   try:
     planned = baseline.replace(
         batch_size=batch_size, base_batch_size=baseline.batch_size, gain_rule=gain_rule,
-        grow_batch=grow_batch, step_price=step_price,
+        grow_batch=grow_batch, step_price=step_price, noise_batch_exponent=noise_batch_exponent,
         noise_of=baseline.noise_of if noise_of is None else noise_of)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
                      f"from batch {baseline.batch_size})") from e
+  if noise_scale is not None:
+    why.update(_budget_notes(noise_scale, planned, critical_batch_factor))
   if planned.measured_noise_of == "lars_step":
     why["noise_of"] = (("auto: " if planned.noise_of == "auto" else "")
                        + "the step LARS takes: each leaf's gradient × its trust ratio, the gain "
@@ -268,21 +283,17 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
   return planned.replace(rationale=why)
 
 
-def _budget_notes(noise_scale, baseline: Recipe, batch_size: int, critical_batch_factor: float,
-                  grow_batch: bool, step_price: float) -> dict[str, str]:
+def _budget_notes(noise_scale, planned: Recipe, critical_batch_factor: float) -> dict[str, str]:
   """The rationale's prediction rows for a measured noise scale (a number or a profile)."""
   profile = _noise_profile(noise_scale)
-  budget = predicted_budget(
-      profile, base_batch_size=baseline.batch_size,
-      batch_sizes=_batches_of(baseline.batch_size, batch_size, grow_batch),
-      base_steps=baseline.total_steps, warmup_steps=baseline.warmup_steps,
-      step_price=step_price)
+  budget = plan_predicted_budget(planned, profile)
+  grow_batch = planned.grow_batch
   what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
           else f"a {len(profile)}-point B_noise profile, median {statistics.median(profile):,.0f}")
   notes = {}
   if len(profile) == 1 and not grow_batch:
     notes["expected efficiency"] = _efficiency_note(
-        profile[0], baseline.batch_size, batch_size, critical_batch_factor)
+        profile[0], planned.base_batch_size, planned.batch_size, critical_batch_factor)
   notes["predicted steps"] = (f"{budget['steps']:,} for {what} (McCandlish et al. 2018: "
                               f"steps ∝ 1 + B_noise/B)")
   notes["predicted examples"] = (f"{budget['examples']:,} = "
@@ -351,7 +362,8 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float]
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(_noise_profile(noise_scale), base_batch_size=recipe.base_batch_size,
                           batch_sizes=ladder, base_steps=recipe.total_steps,
-                          warmup_steps=recipe.warmup_steps, step_price=recipe.step_price)
+                          warmup_steps=recipe.warmup_steps, step_price=recipe.step_price,
+                          noise_batch_exponent=recipe.noise_batch_exponent)
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

@@ -34,7 +34,11 @@ and takes the rung that makes the run cheapest: a baseline step of progress
 costs (B + λ)/r(B) ∝ B + λ + B_noise + λ·B_noise/B at batch B, smaller at B'
 exactly when B·B' ≤ λ·B_noise; its continuous optimum is McCandlish's
 B* = √(λ·B_noise). The batch follows the square root of the noise scale, not
-the noise scale itself (notes/batch_growth.md has the evidence). It does not
+the noise scale itself (notes/batch_growth.md has the evidence). Below the
+top rung the gain and the climb read B_noise × (B_max/B)^α (`credited_noise`,
+α = `noise_batch_exponent`, 0.2): at equal progress a smaller batch's hotter
+run reads less noise than the largest batch will (the study ResNet: 1.1-1.25×
+per doubling), and a rule that took its readings as they came climbed late. It does not
 climb past `EARLY_RUNGS` × its first rung before the run has learnt (its
 smoothed loss at `LEARNT` × its start, `dateopt.date.divergence.has_learnt`,
 when the loss is given as `value=`): on an LSTM's chance plateau the measured
@@ -104,7 +108,7 @@ from dateopt.date.noise import (
     noise_scale,
     update_noise_scale,
 )
-from dateopt.date.recipe import GAIN_RULES, STEP_PRICE
+from dateopt.date.recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
 from dateopt.validation import check_choice, check_range
 
 
@@ -209,6 +213,28 @@ def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_
   return ((count >= max(warmup_steps, 1)) & (count % growth_interval == 0)
           & (noise_scale_now * (step_price * max_batch_size)
              >= batch_size * next_batch_size))
+
+
+def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: int,
+                   exponent: float = NOISE_BATCH_EXPONENT) -> NoiseScaleState:
+  """The noise readings of rung `batch_size` credited to the largest rung's (arrays).
+
+  tr Σ × (B_max/B)^α, so B_noise × (B_max/B)^α: at equal progress a smaller
+  batch's run is hotter, its |G|² larger, and it reads less noise than the
+  largest rung will (the study ResNet: 1.1-1.25× per doubling, α = 0.2 ≈
+  log2 1.15; notes/batch_growth.md, seventeenth session). The top rung, and
+  with it a fixed batch, reads as measured; α = 0 turns the credit off.
+
+  Example:
+    >>> from dateopt.date.noise import GradientSqNorms, init_noise_scale, update_noise_scale
+    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.0)
+    >>> float(noise_scale(s)), round(float(noise_scale(credited_noise(s, 80, max_batch_size=2560))), 2)
+    (15.0, 30.0)
+  """
+  if not exponent:  # static: as measured, bit for bit
+    return noise_state
+  factor = (max_batch_size / jnp.asarray(batch_size, jnp.float32)) ** exponent
+  return noise_state._replace(trace_ema=noise_state.trace_ema * factor)
 
 
 def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, growth_interval,
@@ -338,6 +364,7 @@ def adaptive(
     noise_decay: float = 0.99,
     batch_sizes: Sequence[int] | None = None,
     step_price: float = STEP_PRICE,
+    noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
     growth_interval: int = GROWTH_INTERVAL,
     divergence_patience: int | None = DIVERGENCE_PATIENCE,
 ) -> optax.GradientTransformationExtraArgs:
@@ -366,6 +393,8 @@ def adaptive(
       `batch_size`.
     step_price: the growth rule's price of a step, in examples of the largest
       batch (B · B_next ≤ step_price · B_max · B_noise; `wants_next_rung`).
+    noise_batch_exponent: with `batch_sizes`: α, the gain and the climb read
+      the noise scale of rung B × (B_max/B)^α (`credited_noise`); 0: as measured.
     growth_interval: steps between two looks at the growth rule.
     divergence_patience: diverged steps in all (`dateopt.date.divergence`)
       before the engine gives up; None turns the watch off. The watch needs
@@ -393,8 +422,8 @@ def adaptive(
   """
   _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
                   warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
-                  step_price=step_price, growth_interval=growth_interval,
-                  divergence_patience=divergence_patience)
+                  step_price=step_price, noise_batch_exponent=noise_batch_exponent,
+                  growth_interval=growth_interval, divergence_patience=divergence_patience)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
 
@@ -421,11 +450,13 @@ def adaptive(
       measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
       noise = jax.tree.map(lambda new, old: jnp.where(steady & ~jump, new, old),
                            measured_noise, noise)
-    step_batch = batch_size
+    step_batch, read = batch_size, noise
     if ladder:  # the batch this step had: the norms say it, else the one asked for
       step_batch = (state.batch_size if grad_sq_norms is None
                     else grad_sq_norms.big_batch_size)
-    measured = gain_from_estimates(noise, base_batch_size, step_batch)
+      read = credited_noise(noise, step_batch, max_batch_size=ladder[-1],
+                            exponent=noise_batch_exponent)
+    measured = gain_from_estimates(read, base_batch_size, step_batch)
     trusted = (noise.grad_sq_ema > 0) & healthy
     # The first GAIN_SETTLE measurements set the gain; then it may rise GAIN_RISE a step.
     gain = jnp.where(state.noise.count < GAIN_SETTLE, measured,
@@ -460,10 +491,12 @@ def adaptive(
         # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
         may_climb = (steady & may_grow_batch(watch) & jnp.isinf(cap)) if watching else steady
         next_batch = jnp.where(may_climb,
-                               _climb(state.batch_size, count, noise, ladder, warmup_steps,
+                               _climb(state.batch_size, count, read, ladder, warmup_steps,
                                       step_price, growth_interval),
                                state.batch_size)
-        if watching:  # static: before the run has learnt, the early rungs, from the start
+        # Before the run has learnt, the early rungs, from the start, read as measured: the
+        # credit is the batch trend of runs that learn (a plateau's readings are not resolved).
+        if watching:  # static
           next_batch = _early_climb(next_batch, state.batch_size, count, noise, ladder,
                                     steady & ~learnt, step_price, growth_interval)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
@@ -483,7 +516,8 @@ def adaptive(
 
 
 def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule,
-                    noise_decay, step_price, growth_interval, divergence_patience) -> None:
+                    noise_decay, step_price, noise_batch_exponent, growth_interval,
+                    divergence_patience) -> None:
   """`adaptive`'s numbers and choices, checked: an error names the field and what it allows."""
   check_range("base_batch_size", base_batch_size, low=1)
   check_range("batch_size", batch_size, low=base_batch_size)
@@ -492,6 +526,7 @@ def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, ga
   check_choice("gain_rule", gain_rule, GAIN_RULES)
   check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
   check_range("step_price", step_price, low=0.0, low_inclusive=False)
+  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   check_range("growth_interval", growth_interval, low=1)
   if divergence_patience is not None:
     check_range("divergence_patience", divergence_patience, low=1)
@@ -535,18 +570,21 @@ def next_batch_size(opt_state: Any) -> jax.Array:
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,
                      batch_sizes: Sequence[int], base_steps: int, warmup_steps: int = 0,
                      step_price: float = STEP_PRICE,
+                     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
                      growth_interval: int = GROWTH_INTERVAL) -> dict[str, float]:
   """Steps, examples and the largest batch of an adaptive run, by McCandlish's law.
 
   The run is played out step by step as the engine would take it: the gain of
   the batch in use (`adascale_gain`, risen at most `GAIN_RISE` a step) advances
-  the progress, the LEGW ramp
-  credits its fraction, and the batch climbs `batch_sizes` by the growth rule
-  (`wants_next_rung`). `noise_scales` is B_noise as one number, or a profile:
-  values at equally spaced points of the baseline's progress (e.g. what the
-  baseline logged). A one-rung ladder is a fixed batch. The play-out assumes the
-  loss falls from the first step: a plateau before the run `has_learnt` keeps a
-  real run on its first rung longer (the study LSTM: 120–200 steps at batch 32).
+  the progress, the LEGW ramp credits its fraction, and the batch climbs
+  `batch_sizes` by the growth rule (`wants_next_rung`), both reading B_noise
+  credited × (B_max/B)^α at rung B (`credited_noise`, α =
+  `noise_batch_exponent`). `noise_scales` is B_noise as one number, or a
+  profile: values at equally spaced points of the baseline's progress (e.g.
+  what the baseline logged). A one-rung ladder is a fixed batch. The play-out
+  assumes the loss falls from the first step: a plateau before the run
+  `has_learnt` keeps a real run on its first rung longer (the study LSTM:
+  120–200 steps at batch 32).
 
   Returns:
     {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.
@@ -565,9 +603,11 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_sizes[-1] if batch_sizes else 0)
   check_range("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0)
+  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   progress, steps, examples, rung, last_rung, gain = 0.0, 0, 0, 0, 0, 1.0
   while progress < base_steps:
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
+    noise *= (ladder[-1] / ladder[rung]) ** noise_batch_exponent
     ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
     measured = adascale_gain(noise, base_batch_size, ladder[rung])
     gain = measured if steps < GAIN_SETTLE else bounded_gain(

@@ -34,6 +34,13 @@ GAIN_RULES = ("linear", "sqrt")
 # priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
 # workloads and the main job, one value for every workload (notes/batch_growth.md).
 STEP_PRICE = 1.0
+# DATE's growing batch reads the noise scale of rung B credited to the largest rung's,
+# × (B_max/B)^NOISE_BATCH_EXPONENT, for its gain and its climb. At equal progress the study
+# ResNet's fixed runs read 1.1-1.25× more B_noise per doubling of the batch (a smaller
+# batch's hotter run sits where |G|² is larger); 0.2 = log2(1.15). It took the grown ResNet at
+# 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and left the LSTMs,
+# whose readings show no trend, within 2% (notes/batch_growth.md, seventeenth session).
+NOISE_BATCH_EXPONENT = 0.2
 # What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
 # gradient times its trust ratio; notes/batch_growth.md, twelfth and thirteenth sessions).
 # "auto": the step LARS takes where DATE can measure it (`Recipe.measured_noise_of`).
@@ -140,6 +147,9 @@ class Recipe:
     step_price: grow_batch only: the price of a step, in examples of the
       largest batch, in the rule "from rung B to B' once
       B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+    noise_batch_exponent: grow_batch only: α, the noise scale read at rung
+      B is credited × (B_max/B)^α for the gain and the climb
+      (`dateopt.date.credited_noise`); 0 reads it as measured.
     noise_of: what the noise scale is measured on (and, in adaptive mode,
       the gain and the batch's growth with it): "gradient"; "lars_step"
       (lars only): each leaf's gradient times its trust ratio, the gradient
@@ -190,6 +200,7 @@ class Recipe:
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
   grow_batch: bool = _spec(False, kind="bool")
   step_price: float = _spec(STEP_PRICE, kind="float", low=0.0, low_inclusive=False)
+  noise_batch_exponent: float = _spec(NOISE_BATCH_EXPONENT, kind="float", low=0.0, high=1.0)
   noise_of: str = _spec("auto", kind="str", choices=NOISE_OF)
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
@@ -328,7 +339,7 @@ class Recipe:
     if self.adaptive:
       used |= set(_ADAPTIVE_FIELDS)
     if self.grow_batch:
-      used.add("step_price")
+      used |= {"step_price", "noise_batch_exponent"}
     if self.measured_noise_of != "gradient":
       used.add("noise_of")
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)

@@ -16,7 +16,7 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from dateopt import date
-from dateopt.train import metrics
+from dateopt.train import metrics, recipe_record
 from dateopt.study.cells import BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES, Cell, finite_median
 from dateopt.study.runner import Study
 
@@ -404,7 +404,7 @@ def read_run(folder: str) -> tuple[date.Recipe, list[dict[str, Any]]] | None:
   if not (os.path.exists(metrics_path) and os.path.exists(recipe_path)):
     return None
   with open(recipe_path, encoding="utf-8") as f:
-    recipe = date.Recipe.from_dict(json.load(f)["planned"])
+    recipe = recipe_record.stored_recipe(json.load(f)["planned"])
   return recipe, metrics.read_metrics(metrics_path)
 
 

@@ -27,6 +27,10 @@ from dateopt.train import metrics, workdirs
 RECIPE_FILE = "recipe.json"
 # Not part of what is trained: `plan`'s explanation of each value.
 _IGNORED_FIELDS = frozenset({"rationale"})
+# Fields added since runs were recorded, with the value those runs trained with. A stored
+# recipe that lacks one, and whose run uses it, ran with that value: a resume under a newer
+# default would change the run halfway (a grown run's credit, seventeenth session).
+VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
 
 
 class RecipeChangedError(ValueError):
@@ -116,7 +120,7 @@ def check_unchanged(workdir: str, recipe: date.Recipe,
         f"recipe they were trained with ({record.get('error', 'it holds no planned recipe')}), so "
         f"this run cannot be checked against them. Use a new --workdir, or restore the file "
         f"(to go on from these checkpoints under this config anyway, delete {RECIPE_FILE}).")
-  changes = recipe_changes(stored, as_stored(recipe))
+  changes = recipe_changes(_with_values_before_the_fields(stored, recipe), as_stored(recipe))
   changes += [f"config.{change}" for change in recipe_changes(_stored_run(record),
                                                                 _as_json(run_fields or {}))]
   if changes:
@@ -125,6 +129,26 @@ def check_unchanged(workdir: str, recipe: date.Recipe,
         f"({os.fspath(path)}); this config changes {'; '.join(changes)}. Use a new --workdir "
         f"for the new recipe, or the old config to resume this run (to go on from its "
         f"checkpoints under the new recipe anyway, delete {RECIPE_FILE} first).")
+
+
+def stored_recipe(planned: Mapping[str, Any]) -> date.Recipe:
+  """The recipe a `recipe.json`'s "planned" entry trained with: a field it lacks takes its
+  `VALUE_BEFORE_THE_FIELD`, not today's default.
+
+  Example:
+    >>> stored_recipe({"batch_size": 64, "num_examples": 640, "num_epochs": 1,
+    ...                "learning_rate": 0.1}).noise_batch_exponent
+    0.0
+  """
+  return date.Recipe.from_dict({**VALUE_BEFORE_THE_FIELD, **planned})
+
+
+def _with_values_before_the_fields(stored: Mapping[str, Any], recipe: date.Recipe
+                                   ) -> dict[str, Any]:
+  """`stored`, with the `VALUE_BEFORE_THE_FIELD` of each field it lacks that `recipe` uses."""
+  used = recipe.used_fields()
+  return {**{name: value for name, value in VALUE_BEFORE_THE_FIELD.items() if name in used},
+          **stored}
 
 
 def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = False) -> None:
