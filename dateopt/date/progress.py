@@ -228,7 +228,8 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   Example:
     >>> from dateopt.date.noise import GradientSqNorms, init_noise_scale, update_noise_scale
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.0)
-    >>> float(noise_scale(s)), round(float(noise_scale(credited_noise(s, 80, max_batch_size=2560))), 2)
+    >>> credited = credited_noise(s, 80, max_batch_size=2560)  # × (2560/80)^0.2 = × 2
+    >>> float(noise_scale(s)), round(float(noise_scale(credited)), 2)
     (15.0, 30.0)
   """
   if not exponent:  # static: as measured, bit for bit

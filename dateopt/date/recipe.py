@@ -38,8 +38,8 @@ STEP_PRICE = 1.0
 # × (B_max/B)^NOISE_BATCH_EXPONENT, for its gain and its climb. At equal progress the study
 # ResNet's fixed runs read 1.1-1.25× more B_noise per doubling of the batch (a smaller
 # batch's hotter run sits where |G|² is larger); 0.2 = log2(1.15). It took the grown ResNet at
-# 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and left the LSTMs,
-# whose readings show no trend, within 2% (notes/batch_growth.md, seventeenth session).
+# 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and moved the LSTMs',
+# whose readings show little trend, by at most 4% (notes/batch_growth.md, seventeenth session).
 NOISE_BATCH_EXPONENT = 0.2
 # What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
 # gradient times its trust ratio; notes/batch_growth.md, twelfth and thirteenth sessions).
