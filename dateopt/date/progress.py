@@ -234,8 +234,13 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   """
   if not exponent:  # static: as measured, bit for bit
     return noise_state
-  factor = (max_batch_size / jnp.asarray(batch_size, jnp.float32)) ** exponent
+  factor = _credit(jnp.asarray(batch_size, jnp.float32), max_batch_size, exponent)
   return noise_state._replace(trace_ema=noise_state.trace_ema * factor)
+
+
+def _credit(batch_size, max_batch_size, exponent):
+  """(B_max/B)^α: what rung B's noise scale is multiplied by (numbers or arrays)."""
+  return (max_batch_size / batch_size) ** exponent
 
 
 def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, growth_interval,
@@ -608,7 +613,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   progress, steps, examples, rung, last_rung, gain = 0.0, 0, 0, 0, 0, 1.0
   while progress < base_steps:
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
-    noise *= (ladder[-1] / ladder[rung]) ** noise_batch_exponent
+    noise *= _credit(ladder[rung], ladder[-1], noise_batch_exponent)
     ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
     measured = adascale_gain(noise, base_batch_size, ladder[rung])
     gain = measured if steps < GAIN_SETTLE else bounded_gain(
