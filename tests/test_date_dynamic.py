@@ -37,6 +37,54 @@ def test_noise_scale_ema_skips_non_finite_measurements():
   assert float(date.noise_scale(state)) == pytest.approx(15.0, rel=1e-5)
 
 
+def test_the_signal_ema_keeps_a_horizon_of_its_own():
+  """|G|² reads 2, 2, 0.5 (tr Σ 30 each time). At decay 0.5 its bias-corrected EMA is
+  (0.125·2 + 0.25·2 + 0.5·0.5)/0.875 = 1.1429 (hand arithmetic); tr Σ's, at 0.9, stays 30."""
+  readings = [date.GradientSqNorms(g + 30 / 10, g + 30 / 80, 10, 80) for g in (2.0, 2.0, 0.5)]
+  state = date.init_noise_scale()
+  for sq in readings:
+    state = date.update_noise_scale(state, sq, 0.9, signal_decay=0.5)
+  grad_sq, trace = date.noise.corrected_estimates(state, 0.9)
+  assert float(grad_sq) == pytest.approx(1.0 / 0.875, rel=1e-5)
+  assert float(trace) == pytest.approx(30.0, rel=1e-5)
+  assert float(date.noise_scale(state)) == pytest.approx(30.0 * 0.875, rel=1e-5)
+  # One decay for both (None, or the same number) is the EMA of before, bit for bit.
+  for signal_decay in (None, 0.9):
+    same = date.init_noise_scale()
+    for sq in readings:
+      same = date.update_noise_scale(same, sq, 0.9, signal_decay=signal_decay)
+    want = 0.9 * (0.9 * 0.1 * 2.0 + 0.1 * 2.0) + 0.1 * 0.5  # the plain EMA, not corrected
+    assert float(same.grad_sq_ema) == pytest.approx(want, rel=1e-5)
+  with pytest.raises(ValueError, match="signal_decay"):
+    date.measure_noise_scale(optax.sgd(0.1), signal_decay=1.0)
+
+
+def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
+  """The engine reads with `signal_decay`: after |G|² falls from 4 to 1 (tr Σ 320), the
+  20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's."""
+  base = optax.constant_schedule(1e-3)
+  make = lambda signal_decay: date.adaptive(
+      lambda learning_rate: optax.sgd(learning_rate), base, base_batch_size=32,
+      batch_size=512, base_steps=10_000, noise_decay=0.99, signal_decay=signal_decay)
+  params = {"w": jnp.ones(3)}
+  sq = lambda g: date.GradientSqNorms(g + 320 / 64, g + 320 / 512, 64, 512)
+  readings = []
+  for signal_decay in (None, 0.95):
+    tx = make(signal_decay)
+    state = tx.init(params)
+    update = jax.jit(functools.partial(tx.update, params=params))
+    for g in [4.0] * 100 + [1.0] * 40:
+      _, state = update({"w": jnp.ones(3)}, state, grad_sq_norms=sq(g))
+    readings.append(float(date.noise_scale(state.noise)))
+  # Hand arithmetic: the bias-corrected EMA at decay d gives the 100 old readings the weight
+  # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231).
+  for got, d in zip(readings, (0.99, 0.95)):
+    old_share = (d ** 40 - d ** 140) / (1 - d ** 140)
+    assert got == pytest.approx(320 / (4 * old_share + (1 - old_share)), rel=1e-4)
+  with pytest.raises(ValueError, match="signal_decay"):
+    make(1.0)
+
+
 def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
   """|G|² = 2, tr Σ = 30 for 10 measurements (decay 0.9), then a spike reading |G|² = -500,
   tr Σ = 3,000 at B = 80: it enters as -4·(2 + 30/80) = -9.5 and 4·30 = 120 (hand arithmetic)."""

@@ -76,6 +76,18 @@ def test_cell_configs_change_only_what_the_strategy_changes():
       50.0, base_batch_size=8, batch_size=32, base_steps=400, warmup_steps=recipe.warmup_steps)
 
 
+def test_signal_decay_flag_sets_every_workload_s_config():
+  args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}",
+                                "--signal-decay", "0.98"])
+  assert study_main.workload_configs(args)["t"].signal_decay == 0.98
+  cell = study.cell_config(study_main.workload_configs(args)["t"],
+                           study.Cell("t", "adaptive_grow", 4, 0), num_train_examples=1600,
+                           noise_scale=[50.0, 60.0])
+  assert cell.signal_decay == 0.98  # the cells keep it
+  args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}"])
+  assert study_main.workload_configs(args)["t"].signal_decay is None  # the engine's default
+
+
 def test_effective_noise_scale_and_the_law_by_hand():
   # A constant noise scale is its own effective value.
   assert study.effective_noise_scale([500.0] * 3, 32, 512) == pytest.approx(500.0)

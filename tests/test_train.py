@@ -110,6 +110,7 @@ def test_one_device_and_eight_devices_give_the_same_parameters(tmp_path):
      "grad_groups"),
     (dict(plan={"stratgy": "x"}), "config.plan"),
     (dict(guard_kwargs={"spike": 2.0}), "config.guard_kwargs"),
+    (dict(signal_decay=1.5), "config.signal_decay"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
   config = _config()

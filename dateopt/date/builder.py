@@ -38,7 +38,8 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       transition_steps=max(1, recipe.epochs_to_steps(recipe.decay_every_epochs)))
 
 
-def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[int] | None = None,
+def build(recipe: Recipe, *, noise_decay: float = 0.99, signal_decay: float | None = None,
+          batch_sizes: Sequence[int] | None = None,
           divergence_patience: int | None = DIVERGENCE_PATIENCE
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
@@ -62,6 +63,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
     noise_decay: adaptive recipes: the noise-scale EMA decay per measurement
       (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
       the same horizon in steps.
+    signal_decay: adaptive recipes: the |G|² EMA's own decay per measurement
+      (`dateopt.date.update_noise_scale`); None: `noise_decay`.
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.
@@ -88,7 +91,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, batch_sizes: Sequence[in
     tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
-                  noise_decay=noise_decay, batch_sizes=ladder,
+                  noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=ladder,
                   step_price=recipe.step_price,
                   noise_batch_exponent=recipe.noise_batch_exponent,
                   divergence_patience=divergence_patience)

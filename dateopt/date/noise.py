@@ -316,23 +316,52 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
 
 
 def update_noise_scale(
-    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99, *,
+    signal_decay: float | None = None
 ) -> NoiseScaleState:
   """Folds one measurement into the EMAs, winsorized (`clip_readings`); non-finite
   measurements are ignored.
+
+  `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
+  falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
+  moving value by about its horizon: at a gain of 14, a 100-step horizon spans
+  1,400 baseline steps, and B_noise reads low (notes/batch_growth.md, eighteenth
+  session). The state keeps its format: `grad_sq_ema` holds the faster EMA
+  rescaled to the bias of `decay`'s, so `noise_scale`, `gain_from_estimates` and
+  `corrected_estimates` read it as before.
 
   Example:
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
     >>> round(float(noise_scale(s)), 4)   # 30 / 2
     15.0
+    >>> s = update_noise_scale(s, GradientSqNorms(3.5, 0.875, 10, 80), signal_decay=0.5)
+    >>> # |G|² reads 2 then 0.5: (0.25·2 + 0.5·0.5)/0.75 = 1 at decay 0.5; tr Σ stays 30
+    >>> [round(float(x), 3) for x in corrected_estimates(s, 0.99)]
+    [1.0, 30.0]
   """
   grad_sq, trace = noise_estimates(sq_norms)
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
   grad_sq, trace = clip_readings(state, grad_sq, trace, big_batch_size=sq_norms.big_batch_size,
                                  decay=decay)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
-  return NoiseScaleState(ema(state.grad_sq_ema, grad_sq), ema(state.trace_ema, trace),
-                         state.count + ok.astype(jnp.int32))
+  count = state.count + ok.astype(jnp.int32)
+  if signal_decay is None or signal_decay == decay:  # static: one horizon, bit for bit
+    grad_sq_ema = ema(state.grad_sq_ema, grad_sq)
+  else:
+    grad_sq_ema = _signal_ema(state, grad_sq, ok, count, decay=decay, signal_decay=signal_decay)
+  return NoiseScaleState(grad_sq_ema, ema(state.trace_ema, trace), count)
+
+
+def _signal_ema(state, grad_sq, ok, count, *, decay, signal_decay):
+  """The |G|² EMA at `signal_decay`, stored rescaled to `decay`'s bias 1 - decay^n."""
+  bias = lambda d, n: 1.0 - d ** n
+  before_n, after_n = state.count.astype(jnp.float32), count.astype(jnp.float32)
+  held = lambda n: n > 0
+  before = jnp.where(held(before_n), state.grad_sq_ema * bias(signal_decay, before_n)
+                     / jnp.where(held(before_n), bias(decay, before_n), 1.0), 0.0)
+  after = jnp.where(ok, signal_decay * before + (1.0 - signal_decay) * grad_sq, before)
+  return jnp.where(held(after_n), after * bias(decay, after_n)
+                   / jnp.where(held(after_n), bias(signal_decay, after_n), 1.0), 0.0)
 
 
 def noise_scale(state: NoiseScaleState) -> jax.Array:
@@ -377,8 +406,16 @@ class NoiseMeasurementState(NamedTuple):
   noise: NoiseScaleState
 
 
+def check_decays(noise_decay: float, signal_decay: float | None) -> None:
+  """Both EMA decays in [0, 1); `signal_decay` may be None (the same as `noise_decay`)."""
+  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  if signal_decay is not None:
+    check_range("signal_decay", signal_decay, low=0.0, high=1.0, high_inclusive=False)
+
+
 def measure_noise_scale(
-    inner: optax.GradientTransformation, *, noise_decay: float = 0.99
+    inner: optax.GradientTransformation, *, noise_decay: float = 0.99,
+    signal_decay: float | None = None
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.
 
@@ -386,6 +423,7 @@ def measure_noise_scale(
   a non-finite one (`no_measurement`) leaves the EMAs as they were. The
   updates are `inner`'s, unchanged. `date.adaptive` keeps the same EMAs
   itself, so a run with the adaptive engine does not need this wrapper.
+  `signal_decay` is `update_noise_scale`'s (default: `noise_decay`).
 
   Example:
     >>> tx = measure_noise_scale(optax.sgd(0.1), noise_decay=0.0)
@@ -396,7 +434,7 @@ def measure_noise_scale(
     >>> round(float(noise_scale(state.noise)), 4)
     15.0
   """
-  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  check_decays(noise_decay, signal_decay)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -406,7 +444,7 @@ def measure_noise_scale(
     new_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     noise = state.noise
     if grad_sq_norms is not None:  # static: either always given or never
-      noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
+      noise = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay)
     return new_updates, NoiseMeasurementState(inner_state, noise)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -103,6 +103,7 @@ from dateopt.date.noise import (
     GradientSqNorms,
     NoiseScaleState,
     adascale_gain,
+    check_decays,
     gain_from_estimates,
     init_noise_scale,
     noise_scale,
@@ -368,6 +369,7 @@ def adaptive(
     warmup_steps: int = 0,
     gain_rule: str = "linear",
     noise_decay: float = 0.99,
+    signal_decay: float | None = None,
     batch_sizes: Sequence[int] | None = None,
     step_price: float = STEP_PRICE,
     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
@@ -394,6 +396,7 @@ def adaptive(
       64x Adam run on MNIST-1D read a passing loss bump as pure noise, its gain
       jumped from 18 to 48 and the run diverged; with 0.99 the same seed
       reached the baseline's accuracy (notes/step4_date_dynamic.md).
+    signal_decay: the |G|² EMA's own decay (`update_noise_scale`); None: `noise_decay`.
     batch_sizes: a growing batch: the ladder of batch sizes, increasing and
       ending at `batch_size` (`batch_ladder`). None: the batch stays at
       `batch_size`.
@@ -428,8 +431,9 @@ def adaptive(
   """
   _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
                   warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
-                  step_price=step_price, noise_batch_exponent=noise_batch_exponent,
-                  growth_interval=growth_interval, divergence_patience=divergence_patience)
+                  signal_decay=signal_decay, step_price=step_price,
+                  noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
+                  divergence_patience=divergence_patience)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
 
@@ -453,13 +457,13 @@ def adaptive(
     if grad_sq_norms is not None:  # static: either always given or never
       if divergence_patience is not None:  # static: the watch's skip of an exploding gradient
         jump = gradient_jump(state.noise, grad_sq_norms, noise_decay)
-      measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay)
+      measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay,
+                                          signal_decay=signal_decay)
       noise = jax.tree.map(lambda new, old: jnp.where(steady & ~jump, new, old),
                            measured_noise, noise)
     step_batch, read = batch_size, noise
     if ladder:  # the batch this step had: the norms say it, else the one asked for
-      step_batch = (state.batch_size if grad_sq_norms is None
-                    else grad_sq_norms.big_batch_size)
+      step_batch = state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
       read = credited_noise(noise, step_batch, max_batch_size=ladder[-1],
                             exponent=noise_batch_exponent)
     measured = gain_from_estimates(read, base_batch_size, step_batch)
@@ -522,7 +526,7 @@ def adaptive(
 
 
 def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule,
-                    noise_decay, step_price, noise_batch_exponent, growth_interval,
+                    noise_decay, signal_decay, step_price, noise_batch_exponent, growth_interval,
                     divergence_patience) -> None:
   """`adaptive`'s numbers and choices, checked: an error names the field and what it allows."""
   check_range("base_batch_size", base_batch_size, low=1)
@@ -530,7 +534,7 @@ def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, ga
   check_range("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
   check_choice("gain_rule", gain_rule, GAIN_RULES)
-  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
+  check_decays(noise_decay, signal_decay)
   check_range("step_price", step_price, low=0.0, low_inclusive=False)
   check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   check_range("growth_interval", growth_interval, low=1)

@@ -61,6 +61,9 @@ def parse_args(argv=None):
                       help="no training: tables and plots from the finished runs")
   parser.add_argument("--figures", default=None, help="also copy the PNGs to this folder")
   parser.add_argument("--no-progress", action="store_true")
+  parser.add_argument("--signal-decay", type=float, default=None,
+                      help="every run's config.signal_decay: the |G|^2 EMA's decay per step "
+                           "(default: the configs'); use a fresh --outdir")
   return parser.parse_args(argv)
 
 
@@ -91,7 +94,11 @@ def workload_configs(args):
   unknown = [w for w in names if w not in paths]
   if unknown:
     raise SystemExit(f"--workload: unknown {unknown}; known: {sorted(paths)}")
-  return {name: configs_lib.load(paths[name]) for name in names}
+  configs = {name: configs_lib.load(paths[name]) for name in names}
+  if args.signal_decay is not None:
+    for config in configs.values():
+      config.signal_decay = args.signal_decay
+  return configs
 
 
 def report_study(args, runner: Study) -> Study:

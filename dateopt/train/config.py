@@ -64,6 +64,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.statistics = True
   c.grad_groups = 8  # gradient groups for the noise scale (0: off); fixed, not per device.
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
+  # The |G|² EMA's decay per step (None: the noise EMAs' 0.99); `date.update_noise_scale`.
+  c.signal_decay = ml_collections.config_dict.placeholder(float)
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
   # Adaptive runs: diverged steps in all before the run stops with status 1 (0: never;
@@ -153,7 +155,7 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
 # the seed (data order, dropout), the model, and what shapes or steers the optimizer's state.
 # `recipe.json` records them; a resume that changes one is refused, naming it.
 RESUME_FIELDS = ("seed", "model", "model_kwargs", "guard", "guard_kwargs", "statistics",
-                 "grad_groups", "measure_every_steps", "divergence_patience")
+                 "grad_groups", "measure_every_steps", "signal_decay", "divergence_patience")
 
 
 def resume_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -207,13 +207,19 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
 
   `batch_sizes`: a growing recipe's ladder (`Experiment.batch_sizes`).
   """
-  # The noise EMAs keep a ~100-step horizon however often the noise is measured.
+  # The noise EMAs keep their horizons in steps however often the noise is measured.
   noise_decay = 0.99 ** config.measure_every_steps
+  signal_decay = None
+  if config.signal_decay is not None:
+    check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
+                high_inclusive=False)
+    signal_decay = config.signal_decay ** config.measure_every_steps
   check_range("config.divergence_patience", config.divergence_patience, low=0)
-  tx, schedule = date.build(recipe, noise_decay=noise_decay, batch_sizes=batch_sizes,
+  tx, schedule = date.build(recipe, noise_decay=noise_decay, signal_decay=signal_decay,
+                            batch_sizes=batch_sizes,
                             divergence_patience=config.divergence_patience or None)
   if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
-    tx = date.measure_noise_scale(tx, noise_decay=noise_decay)
+    tx = date.measure_noise_scale(tx, noise_decay=noise_decay, signal_decay=signal_decay)
   if config.guard:
     try:
       tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))
