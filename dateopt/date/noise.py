@@ -275,8 +275,13 @@ def corrected_estimates(state: NoiseScaleState, decay: float) -> tuple[jax.Array
     >>> [round(float(x), 3) for x in corrected_estimates(s, 0.9)]
     [2.0, 30.0]
   """
-  correction = 1.0 - decay ** jnp.maximum(state.count, 1).astype(jnp.float32)
+  correction = _ema_bias(decay, jnp.maximum(state.count, 1).astype(jnp.float32))
   return state.grad_sq_ema / correction, state.trace_ema / correction
+
+
+def _ema_bias(decay, count):
+  """1 - decay^count: the weight an EMA started at 0 has given its `count` readings."""
+  return 1.0 - decay ** count
 
 
 # A reading may lie at most this many times its expected size from 0 once the EMAs hold
@@ -353,15 +358,13 @@ def update_noise_scale(
 
 
 def _signal_ema(state, grad_sq, ok, count, *, decay, signal_decay):
-  """The |G|² EMA at `signal_decay`, stored rescaled to `decay`'s bias 1 - decay^n."""
-  bias = lambda d, n: 1.0 - d ** n
+  """The |G|² EMA at `signal_decay`, stored rescaled to `decay`'s bias (`_ema_bias`)."""
   before_n, after_n = state.count.astype(jnp.float32), count.astype(jnp.float32)
-  held = lambda n: n > 0
-  before = jnp.where(held(before_n), state.grad_sq_ema * bias(signal_decay, before_n)
-                     / jnp.where(held(before_n), bias(decay, before_n), 1.0), 0.0)
+  before = jnp.where(before_n > 0, state.grad_sq_ema * _ema_bias(signal_decay, before_n)
+                     / jnp.where(before_n > 0, _ema_bias(decay, before_n), 1.0), 0.0)
   after = jnp.where(ok, signal_decay * before + (1.0 - signal_decay) * grad_sq, before)
-  return jnp.where(held(after_n), after * bias(decay, after_n)
-                   / jnp.where(held(after_n), bias(signal_decay, after_n), 1.0), 0.0)
+  return jnp.where(after_n > 0, after * _ema_bias(decay, after_n)
+                   / jnp.where(after_n > 0, _ema_bias(signal_decay, after_n), 1.0), 0.0)
 
 
 def noise_scale(state: NoiseScaleState) -> jax.Array:
