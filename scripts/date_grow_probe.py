@@ -8,8 +8,9 @@ The probe behind notes/batch_growth.md's tables of growth rules:
 Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price;
 `--noise-batch-exponent 0` reads each rung's noise scale as measured (grown runs; the
 engine's default credits it × (B_max/B)^0.2); `--gain-rule sqrt` scales the LR by √r_t;
-`--signal-decay 0.98` gives the |G|² EMA a 50-step horizon; `--log-every-steps 1` logs every
-step (the watch's EMAs can then be recomputed from the loss).
+`--signal-decay 0.99` gives the |G|² EMA tr Σ's 100-step horizon (default: the config's
+0.97); `--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from
+the loss).
 """
 
 import argparse
@@ -36,8 +37,8 @@ def main():
   parser.add_argument("--gain-rule", choices=["linear", "sqrt"], default=None,
                       help="the LR's gain rule: lr x r_t or lr x sqrt(r_t) (default: the plan's)")
   parser.add_argument("--signal-decay", type=float, default=None,
-                      help="the |G|^2 EMA's decay per step (default: 0.99, the noise EMAs'); "
-                           "notes/batch_growth.md, eighteenth session")
+                      help="the |G|^2 EMA's decay per step (default: the config's, "
+                           "date.SIGNAL_DECAY); notes/batch_growth.md, sessions 18-19")
   parser.add_argument("--log-every-steps", type=int, default=None,
                       help="log the training metrics every this many steps (default: the "
                            "config's); logging does not change the run")
@@ -54,7 +55,8 @@ def main():
   if args.gain_rule is not None:
     plan["gain_rule"] = args.gain_rule
   config.plan = plan
-  config.signal_decay = args.signal_decay
+  if args.signal_decay is not None:
+    config.signal_decay = args.signal_decay
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
   config.overwrite = True  # a probe replaces the last one in its workdir
   if args.log_every_steps is not None:
@@ -67,7 +69,7 @@ def main():
       "multiple": args.multiple, "mode": args.mode, "seed": args.seed, "step_price": plan.get(
           "step_price", result.recipe.step_price),
       "noise_batch_exponent": result.recipe.noise_batch_exponent,
-      "gain_rule": result.recipe.gain_rule, "signal_decay": args.signal_decay,
+      "gain_rule": result.recipe.gain_rule, "signal_decay": config.signal_decay,
       "accuracy": result.eval_metrics["accuracy"], "steps": result.steps,
       "examples": result.examples,
       "examples_vs_baseline": result.examples / (result.baseline.total_steps

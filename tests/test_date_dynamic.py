@@ -61,28 +61,31 @@ def test_the_signal_ema_keeps_a_horizon_of_its_own():
 
 def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
   """The engine reads with `signal_decay`: after |G|² falls from 4 to 1 (tr Σ 320), the
-  20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's."""
+  20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's; by default
+  the engine reads at `date.SIGNAL_DECAY` (0.97)."""
   base = optax.constant_schedule(1e-3)
-  make = lambda signal_decay: date.adaptive(
+  make = lambda **signal: date.adaptive(
       lambda learning_rate: optax.sgd(learning_rate), base, base_batch_size=32,
-      batch_size=512, base_steps=10_000, noise_decay=0.99, signal_decay=signal_decay)
+      batch_size=512, base_steps=10_000, noise_decay=0.99, **signal)
   params = {"w": jnp.ones(3)}
   sq = lambda g: date.GradientSqNorms(g + 320 / 64, g + 320 / 512, 64, 512)
   readings = []
-  for signal_decay in (None, 0.95):
-    tx = make(signal_decay)
+  for signal in (dict(signal_decay=None), dict(signal_decay=0.95), {}):
+    tx = make(**signal)
     state = tx.init(params)
     update = jax.jit(functools.partial(tx.update, params=params))
     for g in [4.0] * 100 + [1.0] * 40:
       _, state = update({"w": jnp.ones(3)}, state, grad_sq_norms=sq(g))
     readings.append(float(date.noise_scale(state.noise)))
   # Hand arithmetic: the bias-corrected EMA at decay d gives the 100 old readings the weight
-  # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231).
-  for got, d in zip(readings, (0.99, 0.95)):
+  # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231),
+  # 0.286 at 0.97 (B_noise 172).
+  assert date.SIGNAL_DECAY == 0.97
+  for got, d in zip(readings, (0.99, 0.95, 0.97)):
     old_share = (d ** 40 - d ** 140) / (1 - d ** 140)
     assert got == pytest.approx(320 / (4 * old_share + (1 - old_share)), rel=1e-4)
   with pytest.raises(ValueError, match="signal_decay"):
-    make(1.0)
+    make(signal_decay=1.0)
 
 
 def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
@@ -463,15 +466,19 @@ def test_predicted_steps_by_hand():
 # ---- the adaptive engine ------------------------------------------------------------
 
 
-def _adaptive_numpy(grads_seq, sq_seq, *, lr0, b0, b, base_steps, warmup, rule, decay):
-  """SGD under DATE's adaptive rule, written out in NumPy (float64)."""
-  w, tau, g_ema, t_ema, lrs, taus = np.ones(3), 0.0, 0.0, 0.0, [], []
+def _adaptive_numpy(grads_seq, sq_seq, *, lr0, b0, b, base_steps, warmup, rule, decay,
+                    signal_decay):
+  """SGD under DATE's adaptive rule, written out in NumPy (float64); |G|²'s EMA runs at
+  `signal_decay` and is rescaled to tr Σ's bias, (1 - decay^n)/(1 - signal_decay^n)."""
+  w, tau, g_raw, t_ema, lrs, taus = np.ones(3), 0.0, 0.0, 0.0, [], []
   for t, (g, (small, big, bs, bb)) in enumerate(zip(grads_seq, sq_seq)):
     if tau >= base_steps:
       break
     g_est = (bb * big - bs * small) / (bb - bs)
     t_est = (small - big) / (1 / bs - 1 / bb)
-    g_ema, t_ema = decay * g_ema + (1 - decay) * g_est, decay * t_ema + (1 - decay) * t_est
+    g_raw = signal_decay * g_raw + (1 - signal_decay) * g_est
+    g_ema = g_raw * (1 - decay ** (t + 1)) / (1 - signal_decay ** (t + 1))
+    t_ema = decay * t_ema + (1 - decay) * t_est
     gain = np.clip((max(t_ema, 0) / b0 + max(g_ema, 0)) / (max(t_ema, 0) / b + max(g_ema, 0)),
                    1, b / b0)
     ramp = min(1.0, (t + 1) / warmup) if warmup else 1.0
@@ -503,7 +510,8 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
     params = optax.apply_updates(params, updates)
     lrs.append(float(optax.tree.get(state, "learning_rate")))
   w, want_lrs, taus = _adaptive_numpy(grads, sqs, lr0=lr0, b0=8, b=64, base_steps=60,
-                                      warmup=5, rule=rule, decay=0.5)
+                                      warmup=5, rule=rule, decay=0.5,
+                                      signal_decay=date.SIGNAL_DECAY)  # the engine's default
   assert int(state.count) == len(want_lrs) < 40   # it stopped by itself
   assert float(state.progress) == pytest.approx(taus[-1], rel=1e-5) and taus[-1] >= 60
   np.testing.assert_allclose(lrs[:len(want_lrs)], want_lrs, rtol=1e-5)

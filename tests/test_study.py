@@ -85,7 +85,7 @@ def test_signal_decay_flag_sets_every_workload_s_config():
                            noise_scale=[50.0, 60.0])
   assert cell.signal_decay == 0.98  # the cells keep it
   args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}"])
-  assert study_main.workload_configs(args)["t"].signal_decay is None  # the engine's default
+  assert study_main.workload_configs(args)["t"].signal_decay == date.SIGNAL_DECAY  # the default
 
 
 def test_effective_noise_scale_and_the_law_by_hand():

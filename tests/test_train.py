@@ -122,6 +122,11 @@ def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
     train.build_optimizer(config, experiment.recipe)
 
 
+def test_the_config_s_signal_decay_is_the_engine_s():
+  # config.py stays free of JAX, so it spells the engine's constant out; this ties the two.
+  assert train.default_config().signal_decay == date.SIGNAL_DECAY
+
+
 def test_missing_dataset_files_fail_before_compiling(tmp_path):
   config = _config(dataset="ptb", data_dir=str(tmp_path / "nowhere"), model="lstm_lm")
   config.dataset_kwargs = {}

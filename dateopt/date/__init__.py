@@ -49,6 +49,7 @@ from dateopt.date.progress import (
 from dateopt.date.builder import build, build_schedule, noise_leaf_scales, optimizer_factory
 from dateopt.date.guard import DEFAULT_MIN_MULTIPLIER, DivergenceGuardState, divergence_guard
 from dateopt.date.noise import (
+    SIGNAL_DECAY,
     GradientSqNorms,
     NoiseMeasurementState,
     NoiseScaleState,
@@ -117,6 +118,7 @@ __all__ = [
     "NoiseScaleState",
     "OPTIMIZERS",
     "Recipe",
+    "SIGNAL_DECAY",
     "STEP_PRICE",
     "STRATEGIES",
     "StatisticsState",

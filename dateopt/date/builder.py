@@ -8,6 +8,7 @@ import optax
 
 from dateopt import masks, schedules, transforms
 from dateopt.date.divergence import DIVERGENCE_PATIENCE
+from dateopt.date.noise import SIGNAL_DECAY
 from dateopt.date.progress import adaptive, batch_ladder
 from dateopt.date.recipe import Recipe
 from dateopt.validation import check_type
@@ -38,7 +39,8 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       transition_steps=max(1, recipe.epochs_to_steps(recipe.decay_every_epochs)))
 
 
-def build(recipe: Recipe, *, noise_decay: float = 0.99, signal_decay: float | None = None,
+def build(recipe: Recipe, *, noise_decay: float = 0.99,
+          signal_decay: float | None = SIGNAL_DECAY,
           batch_sizes: Sequence[int] | None = None,
           divergence_patience: int | None = DIVERGENCE_PATIENCE
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
@@ -64,7 +66,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99, signal_decay: float | No
       (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
       the same horizon in steps.
     signal_decay: adaptive recipes: the |G|² EMA's own decay per measurement
-      (`dateopt.date.update_noise_scale`); None: `noise_decay`.
+      (`dateopt.date.adaptive`; default `SIGNAL_DECAY`); None: `noise_decay`.
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.

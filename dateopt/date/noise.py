@@ -284,6 +284,12 @@ def _ema_bias(decay, count):
   return 1.0 - decay ** count
 
 
+# The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. |G|² falls
+# tenfold in training, and the noise EMAs' 100-step horizon spans 1,400 baseline steps of
+# progress at a gain of 14: B_noise read low and a grown run paid for it. At 0.95 a fixed 64x
+# LSTM's readings and gain ran away; 0.98 and 0.97 held (notes/batch_growth.md, sessions 18-19).
+SIGNAL_DECAY = 0.97
+
 # A reading may lie at most this many times its expected size from 0 once the EMAs hold
 # `CLIP_AFTER` measurements: one reading then moves an EMA (decay 0.99) at most ~3%.
 READING_CLIP = 4.0
@@ -418,7 +424,7 @@ def check_decays(noise_decay: float, signal_decay: float | None) -> None:
 
 def measure_noise_scale(
     inner: optax.GradientTransformation, *, noise_decay: float = 0.99,
-    signal_decay: float | None = None
+    signal_decay: float | None = SIGNAL_DECAY
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.
 
@@ -426,7 +432,9 @@ def measure_noise_scale(
   a non-finite one (`no_measurement`) leaves the EMAs as they were. The
   updates are `inner`'s, unchanged. `date.adaptive` keeps the same EMAs
   itself, so a run with the adaptive engine does not need this wrapper.
-  `signal_decay` is `update_noise_scale`'s (default: `noise_decay`).
+  `signal_decay` is `update_noise_scale`'s: by default `SIGNAL_DECAY`, as in
+  `date.adaptive`, so a baseline's logged profile reads as the engine will; None:
+  `noise_decay`.
 
   Example:
     >>> tx = measure_noise_scale(optax.sgd(0.1), noise_decay=0.0)

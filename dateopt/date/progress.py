@@ -100,6 +100,7 @@ from dateopt.date.divergence import (
     update_watch,
 )
 from dateopt.date.noise import (
+    SIGNAL_DECAY,
     GradientSqNorms,
     NoiseScaleState,
     adascale_gain,
@@ -369,7 +370,7 @@ def adaptive(
     warmup_steps: int = 0,
     gain_rule: str = "linear",
     noise_decay: float = 0.99,
-    signal_decay: float | None = None,
+    signal_decay: float | None = SIGNAL_DECAY,
     batch_sizes: Sequence[int] | None = None,
     step_price: float = STEP_PRICE,
     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
@@ -396,7 +397,9 @@ def adaptive(
       64x Adam run on MNIST-1D read a passing loss bump as pure noise, its gain
       jumped from 18 to 48 and the run diverged; with 0.99 the same seed
       reached the baseline's accuracy (notes/step4_date_dynamic.md).
-    signal_decay: the |G|² EMA's own decay (`update_noise_scale`); None: `noise_decay`.
+    signal_decay: the |G|² EMA's own decay per measurement (`update_noise_scale`),
+      `SIGNAL_DECAY` (0.97) by default: |G|² falls faster than tr Σ, and at a high gain a
+      100-step horizon reads B_noise low; None: `noise_decay` (one horizon).
     batch_sizes: a growing batch: the ladder of batch sizes, increasing and
       ending at `batch_size` (`batch_ladder`). None: the batch stays at
       `batch_size`.

@@ -64,8 +64,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.statistics = True
   c.grad_groups = 8  # gradient groups for the noise scale (0: off); fixed, not per device.
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
-  # The |G|² EMA's decay per step (None: the noise EMAs' 0.99); `date.update_noise_scale`.
-  c.signal_decay = ml_collections.config_dict.placeholder(float)
+  # The |G|² EMA's decay per step: the engine's `date.SIGNAL_DECAY` (this module stays free of
+  # JAX); 0.99, the tr Σ EMA's, gives both one horizon. `date.update_noise_scale`.
+  c.signal_decay = 0.97
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
   # Adaptive runs: diverged steps in all before the run stops with status 1 (0: never;

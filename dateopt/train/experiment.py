@@ -209,11 +209,9 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
   """
   # The noise EMAs keep their horizons in steps however often the noise is measured.
   noise_decay = 0.99 ** config.measure_every_steps
-  signal_decay = None
-  if config.signal_decay is not None:
-    check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
-                high_inclusive=False)
-    signal_decay = config.signal_decay ** config.measure_every_steps
+  check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
+              high_inclusive=False, allow_none=False)
+  signal_decay = config.signal_decay ** config.measure_every_steps
   check_range("config.divergence_patience", config.divergence_patience, low=0)
   tx, schedule = date.build(recipe, noise_decay=noise_decay, signal_decay=signal_decay,
                             batch_sizes=batch_sizes,
