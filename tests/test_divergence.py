@@ -134,7 +134,9 @@ def _sq_norms(noise_scale, batch, grad_sq=1.0, groups=4):
 
 
 def _engine(**kwargs):
-  options = dict(base_batch_size=32, batch_size=512, base_steps=10_000, noise_decay=0.0)
+  # Both noise EMAs at decay 0: each holds the last reading, so the gains are hand arithmetic.
+  options = dict(base_batch_size=32, batch_size=512, base_steps=10_000, noise_decay=0.0,
+                 signal_decay=0.0)
   options.update(kwargs)
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                        optax.constant_schedule(0.1), **options)
