@@ -28,6 +28,7 @@ import pytest
 import dateopt
 from dateopt import date, plots, schedules, train
 from dateopt.train import checkpoint, metrics, nonfinite, preemption, recipe_record, workdir_lock
+from dateopt.train import config as config_lib
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -705,6 +706,27 @@ def test_a_grown_run_recorded_before_the_noise_credit_resumes_only_with_the_cred
       recipe_record.check_unchanged(str(tmp_path), recipe.replace(noise_batch_exponent=0.0))
     else:
       recipe_record.check_unchanged(str(tmp_path), recipe)
+
+
+def test_a_run_recorded_before_the_two_noise_horizons_resumes_only_with_one(tmp_path):
+  """A record without `signal_decay`, or with the eighteenth session's null, ran both noise
+  EMAs at 0.99: the default 0.97 would change the run halfway, so its resume is refused, and
+  `--config.signal_decay=0.99` (the same engine, bit for bit) resumes it."""
+  recipe = date.Recipe(batch_size=32, num_examples=8000, num_epochs=2, learning_rate=1e-3)
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  config = train.default_config()
+  for old in ({"signal_decay": None}, {}):
+    run = {**config_lib.resume_fields(config), **old}
+    if not old:
+      del run["signal_decay"]  # written before the field existed
+    (tmp_path / "recipe.json").write_text(json.dumps(
+        {"planned": recipe_record.as_stored(recipe), "run": run}))
+    changed = r"config\.signal_decay: 0.99 → 0.97"
+    with pytest.raises(recipe_record.RecipeChangedError, match=changed):
+      recipe_record.check_unchanged(str(tmp_path), recipe, config_lib.resume_fields(config))
+    config.signal_decay = 0.99
+    recipe_record.check_unchanged(str(tmp_path), recipe, config_lib.resume_fields(config))
+    config.signal_decay = 0.97
 
 
 def test_recipe_changes_skip_the_rationale_and_fields_the_old_file_lacks():

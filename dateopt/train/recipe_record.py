@@ -31,6 +31,10 @@ _IGNORED_FIELDS = frozenset({"rationale"})
 # recipe that lacks one, and whose run uses it, ran with that value: a resume under a newer
 # default would change the run halfway (a grown run's credit, seventeenth session).
 VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
+# The same for the run fields (`config.RESUME_FIELDS`). Before 2026-11-29's default of 0.97
+# both noise EMAs had one decay, which 0.99 gives bit for bit; the eighteenth session's
+# records hold it as null.
+RUN_VALUE_BEFORE_THE_FIELD = {"signal_decay": 0.99}
 
 
 class RecipeChangedError(ValueError):
@@ -76,11 +80,14 @@ def _stored_record(path: epath.Path) -> dict[str, Any]:
 
 
 def _stored_run(record: Mapping[str, Any]) -> dict[str, Any]:
-  """The run fields `record` holds (a file from before they were recorded has the seed)."""
+  """The run fields `record` holds (a file from before they were recorded has the seed), a
+  field it lacks or holds as null at its `RUN_VALUE_BEFORE_THE_FIELD`."""
   run = record.get("run")
-  if isinstance(run, dict):
-    return run
-  return {"seed": record["seed"]} if "seed" in record else {}
+  if not isinstance(run, dict):
+    run = {"seed": record["seed"]} if "seed" in record else {}
+  recorded = {name: value for name, value in run.items()
+              if value is not None or name not in RUN_VALUE_BEFORE_THE_FIELD}
+  return {**RUN_VALUE_BEFORE_THE_FIELD, **recorded}
 
 
 def _as_json(value: Any) -> Any:
