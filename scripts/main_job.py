@@ -8,9 +8,9 @@ divergence guard on everywhere, noise scale measured everywhere):
     the same epochs: You et al. SC'19);
   * `DATE adaptive {k}x`: the baseline's schedule walked at the gain measured
     from the gradient noise scale each step, stopping when it has covered the
-    baseline's steps. Its predicted steps come from the noise scale the
-    baseline run measured: the law's steps, Σ 1/r over the baseline's logged
-    noise scales (`effective_noise_scale`).
+    baseline's steps. Its predicted steps come from the noise-scale profile the
+    baseline run logged, played out by the law as DATE reads it at its batch
+    (`date.plan_predicted_budget`).
   * `DATE adaptive, batch grown to {k}x`: the same, starting at the baseline's
     batch and doubling it as the measured noise scale grows, up to k·B0
     (`--grow-to`).
@@ -45,7 +45,8 @@ from absl import logging
 
 from dateopt import plots, train
 from dateopt.configs import load as load_config
-from dateopt.study import effective_noise_scale, finite_median, measured_noise_scales
+from dateopt.study import (effective_noise_scale, filled_profile, finite_median,
+                           measured_noise_scales)
 from dateopt.train import read_metrics
 
 # Issue 8: DATE adaptive at a fixed batch in at most this fraction of the baseline's steps.
@@ -79,11 +80,15 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
   return out
 
 
-def run_one(name: str, config, workdir: str, noise_scale: float | None) -> dict:
-  """Trains one variant from scratch; returns its row of the table."""
+def run_one(name: str, config, workdir: str, noise_scale: float | list[float] | None
+            ) -> dict:
+  """Trains one variant from scratch; returns its row of the table.
+
+  `noise_scale`: the baseline's B_noise for the plan, one number or (DATE) its profile.
+  """
   shutil.rmtree(workdir, ignore_errors=True)  # a fresh run each time, not a resume
-  if noise_scale is not None and math.isfinite(noise_scale):
-    config.plan = dict(config.plan.to_dict(), noise_scale=float(noise_scale))
+  if isinstance(noise_scale, list) or (noise_scale is not None and math.isfinite(noise_scale)):
+    config.plan = dict(config.plan.to_dict(), noise_scale=noise_scale)
   start = time.perf_counter()
   try:
     result = train.train_and_evaluate(config, workdir)
@@ -161,7 +166,9 @@ def run_job(args, seed: int, workdir: str) -> dict:
                                args.gain_rule, grow_to):
     run_dir = os.path.join(workdir, name.replace(" ", "_"))
     noise = None
-    if measured and config.batch_size is not None:
+    if measured and config.strategy == "adaptive":  # DATE predicts from the whole profile
+      noise = filled_profile(measured)
+    elif measured and config.batch_size is not None:
       noise = effective_noise_scale(measured, config.baseline.batch_size, config.batch_size)
     rows.append(run_one(name, config, run_dir, noise))
     if rows[-1].get("stopped"):
@@ -175,7 +182,8 @@ def run_job(args, seed: int, workdir: str) -> dict:
   total = time.perf_counter() - started
   noise = finite_median(measured)
   summary = (f"{markdown_table(rows)}\n\nseed {seed}; baseline B_noise median {noise:,.0f} "
-             f"(predictions use the harmonic-mean gain over the baseline's logged B_noise); "
+             f"(DATE's predictions: the law on the baseline's logged B_noise profile, read "
+             f"× (B/B0)^α at each batch B); "
              f"whole job {total:.0f} s")
   print("\n" + summary)
   results = {"seed": seed, "noise_scale": noise, "seconds": total, "runs": rows}

@@ -25,7 +25,7 @@ import argparse
 import math
 
 from dateopt import date
-from dateopt.study import filled_profile, progress_profile, read_run
+from dateopt.study import filled_profile, progress_profile, read_as_largest, read_run
 from dateopt.study.report import LAW_POINTS
 
 
@@ -40,13 +40,14 @@ def _read(folder: str):
 def run_frontier(folder: str, prices: list[float]) -> dict:
   """What the run in `folder` took, and the law's play-out of its readings at each price."""
   recipe, rows = _read(folder)
-  profile = filled_profile(
-      progress_profile(rows, recipe.total_steps, quarters=LAW_POINTS)["noise_scale"])
+  profile = filled_profile(progress_profile(read_as_largest(rows, recipe), recipe.total_steps,
+                                            quarters=LAW_POINTS)["noise_scale"])
   finished = [r for r in rows if "run/steps" in r]
   if not finished:
     raise ValueError(f"{folder}: metrics.jsonl has no run/steps summary; the run did not finish.")
   last = finished[-1]
-  law = {price: date.plan_predicted_budget(recipe.replace(step_price=price), profile)
+  law = {price: date.plan_predicted_budget(recipe.replace(step_price=price), profile,
+                                          read_at_batch_size=recipe.batch_size)
          for price in prices}
   return {"run": folder, "price": recipe.step_price, "steps": int(last["run/steps"]),
           "examples_vs_baseline": float(last["run/examples_vs_baseline"]), "law": law}

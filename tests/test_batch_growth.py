@@ -249,28 +249,49 @@ def test_a_plain_optax_loop_follows_the_engine():
 
 # --- The planner ------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
 @pytest.mark.parametrize("noise, batch, warmup", [(500.0, 2048, 75), (50.0, 512, 0),
                                                   (3000.0, 1024, 10)])
-def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup):
+def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup, exponent):
+  # The baseline's B_noise, read at batch B as B_noise·(B/B0)^α (the batch trend).
   budget = date.predicted_budget(noise, base_batch_size=32, batch_sizes=(batch,),
-                                 base_steps=7500, warmup_steps=warmup)
+                                 base_steps=7500, warmup_steps=warmup,
+                                 noise_batch_exponent=exponent)
   assert budget["steps"] == date.predicted_steps(
-      noise, base_batch_size=32, batch_size=batch, base_steps=7500, warmup_steps=warmup)
+      noise * (batch / 32) ** exponent, base_batch_size=32, batch_size=batch, base_steps=7500,
+      warmup_steps=warmup)
   assert budget["examples"] == budget["steps"] * batch
 
 
-@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
-def test_budget_of_a_growing_batch_by_hand(exponent):
-  # B_noise = 200 throughout, no warmup, a step priced at B_max = 512, interval 20: rungs 32,
-  # 64, 128, 256 (128·256 ≤ 512·200), then it stays (256·512 > 512·200; credited, rung 256
-  # reads 200·2^0.2 = 230 and stays too). Each rung reads 200·(512/B)^α.
+@pytest.mark.parametrize("exponent, top", [(0.0, 256), (date.NOISE_BATCH_EXPONENT, 512)])
+def test_budget_of_a_growing_batch_by_hand(exponent, top):
+  # The baseline's B_noise = 200 throughout, read as B_max = 512 reads it: 200·16^α (α = 0:
+  # 200; α = 0.2: 348). No warmup, a step priced at B_max, interval 20: B·B' ≤ 512·read takes
+  # rungs 32, 64, 128, 256, then 512 only when 256·512 = 131,072 ≤ 512·read (α = 0.2).
+  read = 200.0 * 16 ** exponent
   budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
                                  base_steps=1000, step_price=1.0, noise_batch_exponent=exponent)
-  gains = [date.adascale_gain(200.0 * (512 / b) ** exponent, 32, b) for b in (32, 64, 128, 256)]
-  covered = 20 * sum(gains[:3])   # 20 steps at each of the first three rungs
-  rest = -(-(1000 - covered) // gains[3])
-  assert budget["steps"] == 60 + rest and budget["largest_batch_size"] == 256
-  assert budget["examples"] == 20 * (32 + 64 + 128) + 256 * rest
+  rungs = [b for b in (32, 64, 128, 256, 512) if b <= top]
+  gains = [date.adascale_gain(read, 32, b) for b in rungs]
+  covered = 20 * sum(gains[:-1])   # 20 steps at each rung below the top
+  rest = -(-(1000 - covered) // gains[-1])
+  assert budget["steps"] == 20 * (len(rungs) - 1) + rest and budget["largest_batch_size"] == top
+  assert budget["examples"] == 20 * sum(rungs[:-1]) + top * rest
+
+
+def test_a_profile_logged_at_the_largest_batch_plays_as_logged():
+  # Read at B_max, the credit (B_max/B_max)^α is 1: the play-out of α = 0 on the same profile.
+  ladder, profile = date.batch_ladder(32, 512), [200.0, 900.0, 2500.0]
+  logged = date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
+                                 base_steps=1000, warmup_steps=20, read_at_batch_size=512)
+  assert logged == date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
+                                         base_steps=1000, warmup_steps=20,
+                                         noise_batch_exponent=0.0)
+  assert logged != date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
+                                         base_steps=1000, warmup_steps=20)
+  with pytest.raises(ValueError, match="read_at_batch_size"):
+    date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder, base_steps=1000,
+                          read_at_batch_size=0)
 
 
 def test_plan_and_explain_show_the_ladder_and_the_predicted_budget():

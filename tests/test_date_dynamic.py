@@ -568,10 +568,12 @@ def test_adaptive_plan_builds_the_adaptive_optimizer_and_explains_the_prediction
   assert (big.adaptive, big.base_batch_size, big.batch_size) == (True, 32, 512)
   assert (big.total_steps, big.warmup_steps, big.max_steps) == (7500, 63, 7563)
   assert big.learning_rate == base.learning_rate and big.steps_per_epoch == 15
-  predicted = date.predicted_steps(500.0, base_batch_size=32, batch_size=512, base_steps=7500,
-                                   warmup_steps=63)
-  assert date.plan_predicted_steps(big, 500.0) == predicted
-  assert f"{predicted} for B_noise = 500" in date.explain(base, big)
+  # The baseline's B_noise, as a run at 512 reads it: × 16^0.2 = 870.55 (the batch trend).
+  predicted = date.predicted_steps(500.0 * 16 ** 0.2, base_batch_size=32, batch_size=512,
+                                   base_steps=7500, warmup_steps=63)
+  assert date.plan_predicted_steps(big, 500.0) == predicted == 750
+  assert (f"{predicted} for B_noise = 500 at the baseline's batch, read × 1.74 at 512"
+          in date.explain(base, big))
   tx, schedule = date.build(big)
   assert float(schedule(63)) == pytest.approx(2e-3)   # the baseline's, in baseline steps
   state = tx.init({"w": jnp.ones(2)})

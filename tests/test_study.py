@@ -68,12 +68,13 @@ def test_cell_configs_change_only_what_the_strategy_changes():
     study.cell_config(base, study.Cell("t", "legw_date_steps", 4, 0), num_train_examples=n)
 
   adaptive = study.cell_config(base, study.Cell("t", "adaptive", 4, 1), num_train_examples=n,
-                               noise_scale=50.0)
+                               noise_scale=[50.0])
   _, recipe = _planned(adaptive, n)
   assert recipe.adaptive and recipe.base_batch_size == 8
-  assert adaptive.plan.noise_scale == 50.0
-  assert date.plan_predicted_steps(recipe, 50.0) == date.predicted_steps(
-      50.0, base_batch_size=8, batch_size=32, base_steps=400, warmup_steps=recipe.warmup_steps)
+  assert list(adaptive.plan.noise_scale) == [50.0]
+  assert date.plan_predicted_steps(recipe, 50.0) == date.predicted_steps(  # read × 4^0.2 at 32
+      50.0 * 4 ** 0.2, base_batch_size=8, batch_size=32, base_steps=400,
+      warmup_steps=recipe.warmup_steps)
 
 
 def test_signal_decay_flag_sets_every_workload_s_config():
@@ -190,21 +191,50 @@ def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
       json.dump({"planned": recipe.to_dict()}, f)
     with open(os.path.join(folder, "metrics.jsonl"), "w") as f:
       for step in range(1, 201):  # progress 5 baseline steps a step: the whole profile
+        # The grown runs read their first half at batch 128, credited × 4^0.2 to 512's.
+        batch = 128 if strategy == "adaptive_grow" and step <= 100 else 512
         f.write(json.dumps({"step": step, "train/loss": 1.0, "train/date/progress": 5.0 * step,
-                            "train/date/noise_scale": noise}) + "\n")
+                            "train/date/noise_scale": noise, "train/batch_size": batch}) + "\n")
   rows.append(_row("adaptive_grow", 16, 2, 0.97, 999, [(999, 0.97)]))  # no workdir
   lines = [line for line in study.law_report(runner, rows).splitlines() if "| w |" in line]
   ladder = date.batch_ladder(32, 512)
-  for line, noise, measured in zip(lines, (100.0, 400.0), ("305, 4.88x", "510, 8.16x")):
-    grown = date.predicted_budget(noise, base_batch_size=32, batch_sizes=ladder, base_steps=1000,
-                                  warmup_steps=100)
-    fixed = date.predicted_steps(noise, base_batch_size=32, batch_size=512, base_steps=1000,
-                                 warmup_steps=100)
-    assert line == (f"| w | 16 | {'fixed' if noise == 100.0 else 'grown'} runs (2) "
-                    f"| {noise:,.0f} / {noise:,.0f} / {noise:,.0f} / {noise:,.0f} "
-                    f"| {grown['steps']:,} steps, {grown['examples_vs_baseline']:.2f}x "
-                    f"| {fixed:,} steps, {fixed * 512 / 32_000:.2f}x | {measured} |")
+  early = 400.0 * 4 ** date.NOISE_BATCH_EXPONENT
+  for line, profile, measured in zip(lines, ([100.0] * 100, [early] * 50 + [400.0] * 50),
+                                     ("305, 4.88x", "510, 8.16x")):
+    grown = date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
+                                  base_steps=1000, warmup_steps=100, read_at_batch_size=512)
+    fixed = date.predicted_budget(profile, base_batch_size=32, batch_sizes=(512,),
+                                  base_steps=1000, warmup_steps=100, read_at_batch_size=512)
+    quarters = " / ".join(f"{v:,.0f}" for v in (profile[0], profile[25], profile[50], profile[99]))
+    assert line == (f"| w | 16 | {'fixed' if profile[0] == 100.0 else 'grown'} runs (2) "
+                    f"| {quarters} | {grown['steps']:,} steps, {grown['examples_vs_baseline']:.2f}x "
+                    f"| {fixed['steps']:,} steps, {fixed['examples_vs_baseline']:.2f}x "
+                    f"| {measured} |")
   assert len(lines) == 2
+  # The fixed runs' profile, read at their own batch, plays as logged: the closed form.
+  closed_form = date.predicted_steps(100.0, base_batch_size=32, batch_size=512, base_steps=1000,
+                                     warmup_steps=100)
+  assert lines[0].split(" | ")[5].startswith(f"{closed_form:,} steps")
+
+
+def test_prediction_report_plays_the_baseline_s_profile_for_each_cell(tmp_path):
+  """Baselines that logged B_noise 100 throughout: each DATE 4x cell is predicted from its
+  seed's baseline profile, read × 4^0.2 at batch 32, which for a fixed batch is the closed
+  form; the report needs the rows and the config only."""
+  runner = study.Study(str(tmp_path), {"t": configs.load(TINY)})  # batch 8, 400 steps
+  rows = [dict(_row("baseline", 1, seed, 0.97, 400, [(400, 0.97)], [100.0] * 20),
+               workload="t", batch=8, base_batch=8, examples=3200) for seed in (0, 1)]
+  rows += [dict(_row("adaptive", 4, seed, 0.97, steps, [(steps, 0.97)]), workload="t",
+                batch=32, base_batch=8, examples=32 * steps) for seed, steps in ((0, 140), (1, 160))]
+  for row in rows:
+    runner._append(row)
+  lines = [line for line in study.prediction_report(runner, runner.rows()).splitlines()
+           if "| t |" in line]
+  _, recipe = _planned(runner.config_for(study.Cell("t", "adaptive", 4, 0)))
+  predicted = date.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
+                                   base_steps=400, warmup_steps=recipe.warmup_steps)
+  assert lines == [f"| t | 4 | DATE adaptive | {predicted:,} | 150 | {predicted / 150 - 1:+.0%} "
+                   f"| {predicted * 32 / 3200:.2f} | 1.50 |"]
 
 
 def test_filled_profile_by_hand():
@@ -233,7 +263,7 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   for price in (0.5, 4.0):
     assert result["law"][price] == date.predicted_budget(
         400.0, base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
-        warmup_steps=100, step_price=price)
+        warmup_steps=100, step_price=price, read_at_batch_size=512)
   cheap, dear = result["law"][0.5], result["law"][4.0]
   assert dear["steps"] < cheap["steps"] and dear["examples"] > cheap["examples"]
   table = frontier.markdown([result], [0.5, 4.0]).splitlines()

@@ -296,8 +296,8 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   baseline_steps = result.baseline.total_steps           # 2 epochs of 960 at batch 16
   assert result.recipe.adaptive and baseline_steps == 120
   assert baseline_steps // 4 <= result.steps < baseline_steps   # 1 ≤ gain ≤ k = 4
-  assert result.predicted_steps == date.predicted_steps(
-      50.0, base_batch_size=16, batch_size=64, base_steps=120,
+  assert result.predicted_steps == date.predicted_steps(  # B_noise 50 read × 4^0.2 at 64
+      50.0 * 4 ** 0.2, base_batch_size=16, batch_size=64, base_steps=120,
       warmup_steps=result.recipe.warmup_steps)
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   progress = [r["train/date/progress"] for r in rows if "train/date/progress" in r]

@@ -10,8 +10,8 @@ from typing import Mapping, Sequence
 
 from dateopt import schedules
 from dateopt.date.divergence import LEARNT
-from dateopt.date.noise import expected_efficiency, predicted_steps
-from dateopt.date.progress import GROWTH_INTERVAL, batch_ladder, predicted_budget
+from dateopt.date.noise import expected_efficiency
+from dateopt.date.progress import GROWTH_INTERVAL, batch_credit, batch_ladder, predicted_budget
 from dateopt.date.recipe import (
     GAIN_RULES,
     MOMENTUM_OPTIMIZERS,
@@ -291,11 +291,14 @@ def _budget_notes(noise_scale, planned: Recipe, critical_batch_factor: float) ->
   what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
           else f"a {len(profile)}-point B_noise profile, median {statistics.median(profile):,.0f}")
   notes = {}
-  if len(profile) == 1 and not grow_batch:
+  read = batch_credit(planned.base_batch_size, planned.batch_size, planned.noise_batch_exponent)
+  if len(profile) == 1 and not grow_batch:  # the efficiency of the noise the run will read
     notes["expected efficiency"] = _efficiency_note(
-        profile[0], planned.base_batch_size, planned.batch_size, critical_batch_factor)
-  notes["predicted steps"] = (f"{budget['steps']:,} for {what} (McCandlish et al. 2018: "
-                              f"steps ∝ 1 + B_noise/B)")
+        profile[0] * read, planned.base_batch_size, planned.batch_size, critical_batch_factor)
+  notes["predicted steps"] = (f"{budget['steps']:,} for {what} at the baseline's batch, read "
+                              f"× {read:.3g} at {planned.batch_size:,} (the batch trend, "
+                              f"× (B/B0)^{planned.noise_batch_exponent:g}; McCandlish et al. "
+                              f"2018: steps ∝ 1 + B_noise/B)")
   notes["predicted examples"] = (f"{budget['examples']:,} = "
                                  f"{budget['examples_vs_baseline']:.2f} × the baseline's")
   if grow_batch:
@@ -330,31 +333,28 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
     >>> base = Recipe(batch_size=32, num_examples=8000, num_epochs=30,
     ...               learning_rate=2e-3, optimizer="adam", warmup_epochs=0.25)
     >>> plan_predicted_steps(plan(base, 512, "adaptive"), noise_scale=500.0)
-    923
+    750
   """
   if not recipe.adaptive:
     return recipe.total_steps
   if noise_scale is None:
     return None
-  profile = _noise_profile(noise_scale)
-  if len(profile) == 1 and not recipe.grow_batch:
-    return predicted_steps(
-        profile[0], base_batch_size=recipe.base_batch_size, batch_size=recipe.batch_size,
-        base_steps=recipe.total_steps, warmup_steps=recipe.warmup_steps)
-  return plan_predicted_budget(recipe, profile)["steps"]
+  return plan_predicted_budget(recipe, noise_scale)["steps"]
 
 
-def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float]
-                          ) -> dict[str, float]:
+def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], *,
+                          read_at_batch_size: int | None = None) -> dict[str, float]:
   """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch,
-  by McCandlish's law on `noise_scale` (a number or a profile over the baseline's progress).
+  by McCandlish's law on `noise_scale` (a number or a profile over the baseline's progress,
+  as a run at the baseline's batch reads it, or at `read_at_batch_size`; read × (B/B0)^α at
+  batch B, α the recipe's `noise_batch_exponent`, for a fixed batch too).
 
   Example:
     >>> base = Recipe(batch_size=32, num_examples=8000, num_epochs=30,
     ...               learning_rate=2e-3, optimizer="adam", warmup_epochs=0.25)
     >>> budget = plan_predicted_budget(plan(base, 512, "adaptive", grow_batch=True), 500.0)
     >>> budget["steps"], budget["largest_batch_size"], round(budget["examples_vs_baseline"], 2)
-    (1000, 512, 1.88)
+    (831, 512, 1.52)
   """
   if not recipe.adaptive:
     raise ValueError("plan_predicted_budget: the recipe must be adaptive (base_batch_size "
@@ -363,7 +363,8 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float]
   return predicted_budget(_noise_profile(noise_scale), base_batch_size=recipe.base_batch_size,
                           batch_sizes=ladder, base_steps=recipe.total_steps,
                           warmup_steps=recipe.warmup_steps, step_price=recipe.step_price,
-                          noise_batch_exponent=recipe.noise_batch_exponent)
+                          noise_batch_exponent=recipe.noise_batch_exponent,
+                          read_at_batch_size=read_at_batch_size)
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

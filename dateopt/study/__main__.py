@@ -139,6 +139,10 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   if law:
     text += ("\n\n### McCandlish's law on the noise-scale profile each strategy measured\n\n"
              + law)
+  predictions = report_lib.prediction_report(runner, rows)
+  if predictions:
+    text += ("\n\n### DATE's predictions from the baseline's noise-scale profile, before "
+             "training\n\n" + predictions)
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")

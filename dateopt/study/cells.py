@@ -153,7 +153,7 @@ def effective_noise_scale(values: Sequence[float], base_batch_size: int,
 
 
 def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
-                num_train_examples: int, noise_scale: float | None = None,
+                num_train_examples: int, noise_scale: Sequence[float] | None = None,
                 date_steps: int | None = None) -> ml_collections.ConfigDict:
   """The trainer config of `cell`: the frozen baseline, changed only by its strategy.
 
@@ -161,8 +161,8 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
     base: the workload's config (its `baseline` is the tuned recipe).
     cell: the run.
     num_train_examples: the dataset's training examples (epochs ↔ steps).
-    noise_scale: "adaptive": the B_noise its predicted steps come from;
-      "adaptive_grow": the baseline's B_noise profile (its logged values).
+    noise_scale: DATE's strategies: the baseline's B_noise profile (its logged
+      values), which the predicted steps come from.
     date_steps: "legw_date_steps": the steps to train for.
   """
   config = ml_collections.ConfigDict(base.to_dict())
@@ -186,16 +186,12 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       plan["grow_batch"] = True
     if cell.strategy == "linear":
       plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
-    if cell.strategy == "adaptive" and noise_scale is not None and math.isfinite(noise_scale):
-      plan["noise_scale"] = float(noise_scale)
-      expected_steps = date.predicted_steps(
-          noise_scale, base_batch_size=base_batch, batch_size=config.batch_size,
-          base_steps=base_steps)
-    if cell.strategy == "adaptive_grow" and noise_scale:
+    if cell.strategy in ADAPTIVE_STRATEGIES and noise_scale:
       plan["noise_scale"] = [float(v) for v in noise_scale]
-      expected_steps = date.predicted_budget(
-          plan["noise_scale"], base_batch_size=base_batch, base_steps=base_steps,
-          batch_sizes=date.batch_ladder(base_batch, config.batch_size))["steps"]
+      batches = (date.batch_ladder(base_batch, config.batch_size)
+                 if cell.strategy == "adaptive_grow" else (config.batch_size,))
+      expected_steps = date.predicted_budget(plan["noise_scale"], base_batch_size=base_batch,
+                                             base_steps=base_steps, batch_sizes=batches)["steps"]
     if cell.strategy == "legw_date_steps":
       if date_steps is None:
         raise ValueError(f"{cell.key}: LEGW at DATE's steps needs DATE's runs at "

@@ -16,8 +16,9 @@ import statistics
 from typing import Any, Mapping, Sequence
 
 from dateopt import date
-from dateopt.train import metrics, recipe_record
-from dateopt.study.cells import BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES, Cell, finite_median
+from dateopt.train import config as config_lib, experiment, metrics, recipe_record
+from dateopt.study.cells import (ADAPTIVE_STRATEGIES, BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES,
+                                 Cell, finite_median)
 from dateopt.study.runner import Study
 
 def steps_to_target(row: Mapping[str, Any], target: float) -> int | None:
@@ -207,6 +208,35 @@ def progress_profile(metric_rows: Sequence[Mapping[str, Any]], base_steps: float
   return {"noise_scale": [median(v) for v in noise], "loss": [median(v) for v in loss]}
 
 
+def read_as_largest(metric_rows: Sequence[Mapping[str, Any]], recipe: date.Recipe
+                    ) -> list[Mapping[str, Any]]:
+  """The rows of a DATE run with each B_noise as its largest batch reads it.
+
+  A row logged at batch B (`train/batch_size`) is × (B_max/B)^α, the credit the
+  engine gives rung B's readings (`date.credited_noise`, α the recipe's
+  `noise_batch_exponent`); a fixed batch's rows stay as logged. A profile of
+  these rows is one `date.predicted_budget` reads with
+  `read_at_batch_size=recipe.batch_size`.
+
+  Example:
+    >>> base = date.Recipe(batch_size=32, num_examples=3200, num_epochs=1, learning_rate=0.1,
+    ...                    optimizer="sgd")
+    >>> grown = date.plan(base, 1024, "adaptive", grow_batch=True)
+    >>> rows = [{"train/batch_size": 32, "train/date/noise_scale": 100.0}]
+    >>> read_as_largest(rows, grown)[0]["train/date/noise_scale"]  # × 32^0.2
+    200.0
+  """
+  out = []
+  for row in metric_rows:
+    value = row.get("train/date/noise_scale")
+    if value is not None and "train/batch_size" in row:
+      credit = date.batch_credit(float(row["train/batch_size"]), recipe.batch_size,
+                                 recipe.noise_batch_exponent)
+      row = dict(row, **{"train/date/noise_scale": float(value) * credit})
+    out.append(row)
+  return out
+
+
 def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   """Markdown: per workload, the `progress_profile` of the baseline and of DATE, fixed and
   grown, at each k (the median over seeds of each quarter's median), from the runs'
@@ -359,7 +389,8 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
       for strategy, runs in measured.items():
         profile = filled_profile([finite_median(p[i] for _, _, p in runs)
                                   for i in range(LAW_POINTS)])
-        grown, fixed = (date.plan_predicted_budget(recipes[s], profile)
+        grown, fixed = (date.plan_predicted_budget(recipes[s], profile,
+                                                   read_at_batch_size=recipes[s].batch_size)
                         for s in ("adaptive_grow", "adaptive"))
         quarters = [statistics.median(profile[q * LAW_POINTS // 4:(q + 1) * LAW_POINTS // 4])
                     for q in range(4)]
@@ -374,6 +405,51 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   return "\n".join(lines) if len(lines) > 2 else ""
 
 
+def prediction_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
+  """Markdown: DATE's prediction before training, against what its runs took.
+
+  Per workload, k and DATE strategy: each run's planned recipe (its config, from
+  `runner.config_for`) and the profile it was planned with (its baseline's logged
+  B_noise, in `rows`), played out by `date.plan_predicted_budget` as the planner
+  predicts before training; the means over seeds beside the runs'. It needs the
+  rows and the workloads' configs only, not the runs' folders.
+  """
+  lines = ["| workload | k | strategy | predicted steps | measured steps | error "
+           "| predicted examples x B0·T0 | measured examples x B0·T0 |",
+           "|---|---:|---|---:|---:|---:|---:|---:|"]
+  for workload in sorted({r["workload"] for r in rows} & set(runner.configs)):
+    baselines = [r for r in rows if r["workload"] == workload and r["strategy"] == "baseline"]
+    if not baselines:
+      continue
+    budget = baselines[0]["steps"] * baselines[0]["batch"]
+    for k, strategy in sorted({(r["multiple"], r["strategy"]) for r in rows
+                               if r["workload"] == workload
+                               and r["strategy"] in ADAPTIVE_STRATEGIES}):
+      runs = [r for r in rows if (r["workload"], r["strategy"], r["multiple"])
+              == (workload, strategy, k)]
+      laws = [_predicted_budget(runner, Cell(workload, strategy, k, r["seed"])) for r in runs]
+      if None in laws:
+        continue
+      steps = statistics.mean(r["steps"] for r in runs)
+      law_steps = statistics.mean(law["steps"] for law in laws)
+      lines.append(
+          f"| {workload} | {k} | {STRATEGIES[strategy]} | {law_steps:,.0f} | {steps:,.0f} "
+          f"| {round(law_steps / steps - 1, 2) + 0.0:+.0%} "  # + 0.0: no "-0%"
+          f"| {statistics.mean(law['examples'] for law in laws) / budget:.2f} "
+          f"| {statistics.mean(r['examples'] for r in runs) / budget:.2f} |")
+  return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _predicted_budget(runner: Study, cell: Cell) -> dict[str, float] | None:
+  """What `date.plan` predicts for `cell` before training; None without a baseline profile."""
+  config = runner.config_for(cell)
+  noise = config_lib.to_dict(config.plan).get("noise_scale")
+  if not noise:
+    return None
+  _, recipe = experiment.plan_recipe(config, runner.num_train_examples(cell.workload))
+  return date.plan_predicted_budget(recipe, noise)
+
+
 def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: str,
                    strategy: str, k: int, base_steps: float
                    ) -> list[tuple[Mapping[str, Any], date.Recipe, list[float]]]:
@@ -386,7 +462,8 @@ def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: s
     run = read_run(runner.workdir(Cell(workload, strategy, k, row["seed"])))
     if run is not None:
       recipe, metric_rows = run
-      profile = progress_profile(metric_rows, base_steps, quarters=LAW_POINTS)["noise_scale"]
+      profile = progress_profile(read_as_largest(metric_rows, recipe), base_steps,
+                                 quarters=LAW_POINTS)["noise_scale"]
       runs.append((row, recipe, profile))
   return runs
 

@@ -22,8 +22,7 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from dateopt import data, strict_json
-from dateopt.study.cells import (ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config,
-                                 effective_noise_scale, run_cell)
+from dateopt.study.cells import ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config, run_cell
 from dateopt.train import workdir_lock
 from dateopt.validation import check_choice
 
@@ -123,12 +122,8 @@ class Study:
     if cell.strategy in ADAPTIVE_STRATEGIES:
       baselines = [r for r in rows if r["strategy"] == "baseline"]
       same_seed = [r for r in baselines if r["seed"] == cell.seed] or baselines
-      if same_seed and cell.strategy == "adaptive_grow":
-        noise = [max(v, 1.0) for v in same_seed[0]["noise_scales"]] or None  # the profile
-      elif same_seed:
-        row = same_seed[0]
-        noise = effective_noise_scale(row["noise_scales"], row["base_batch"],
-                                      row["base_batch"] * cell.multiple)
+      if same_seed:  # the baseline's profile, which DATE's prediction reads at its batch
+        noise = [max(v, 1.0) for v in same_seed[0]["noise_scales"]] or None
     if cell.strategy == "legw_date_steps":
       steps = [r["steps"] for r in rows
                if r["strategy"] == "adaptive" and r["multiple"] == cell.multiple]
