@@ -189,6 +189,21 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
   assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
 
 
+def test_the_early_climb_stops_below_the_largest_rung():
+  """A ladder that ends at EARLY_RUNGS × B0 (256): on the plateau the looks at steps 20 and 40
+  climb to 64 and 128, and the one at 60 does not take 256, which waits for the run to learn
+  (the growth rule then reads B_noise 1,000: 128 · 256 ≤ 256 · 1,000)."""
+  tx = _engine((32, 64, 128, 256), warmup=50)
+  params = {"w": jnp.ones(2)}
+  state, update, seen = tx.init(params), jax.jit(tx.update), []
+  for loss in [2.3] * 90 + [1.0] * 30:  # learnt (0.8 · 2.3) a few steps after step 90
+    seen.append(int(date.next_batch_size(state)))
+    _, state = update({"w": jnp.ones(2)}, state, params,
+                      grad_sq_norms=_sq_norms(1000.0, seen[-1]), value=loss)
+  assert seen[:20] == [32] * 20 and seen[20:40] == [64] * 20 and seen[40:100] == [128] * 60
+  assert seen[100:] == [256] * 20  # the look at step 100, after the run has learnt
+
+
 @pytest.mark.parametrize("wobble, first_climb", [(0.5, 100), (0.55, 100), (0.7, 200)])
 def test_the_batch_does_not_climb_while_the_loss_wobbles_above_its_best(wobble, first_climb):
   """Looks at steps 100 and 200. The watch's best is 0.5 + 0.9 · 0.95⁷⁵ = 0.519 at step 95, its

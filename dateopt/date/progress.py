@@ -39,7 +39,7 @@ top rung the gain and the climb read B_noise × (B_max/B)^α (`credited_noise`,
 α = `noise_batch_exponent`, 0.2): at equal progress a smaller batch's hotter
 run reads less noise than the largest batch will (the study ResNet: 1.1-1.25×
 per doubling), and a rule that took its readings as they came climbed late. It does not
-climb past `EARLY_RUNGS` × its first rung before the run has learnt (its
+climb past `EARLY_RUNGS` × its first rung, nor to its largest, before the run has learnt (its
 smoothed loss at `LEARNT` × its start, `dateopt.date.divergence.has_learnt`,
 when the loss is given as `value=`): on an LSTM's chance plateau the measured
 noise scale is high, and a climb there raised the LR to where the run blew up
@@ -159,7 +159,9 @@ GROWTH_INTERVAL = 20
 # its first look (the warmup does not wait), with the gain held to √(B/B0). At the baseline's
 # batch the study LSTM sat ~240 steps on its chance plateau, where a batch of 2,048 reads a
 # resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md); √8 ≈ 2.8 is the
-# gain those resolved readings give (2.1-3.1).
+# gain those resolved readings give (2.1-3.1). The largest rung is never an early one: it is
+# earned by the growth rule on a run that has learnt (a ladder whose early climb ended on it
+# was a fixed batch from step 60, and cost the study LSTM at 8x 0.10x its examples).
 EARLY_RUNGS = 8
 
 
@@ -334,9 +336,12 @@ def _watched_gain(gain, state, watch, learnt, *, steady, healthy, grown_batch, b
 
 def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
                  growth_interval):
-  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0
-  by the growth rule, priced at the full ladder's maximum, warmup or not; else `next_batch`."""
-  early_ladder = tuple(b for b in ladder if b <= EARLY_RUNGS * ladder[0])
+  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0,
+  below its largest rung, by the growth rule, priced at the full ladder's maximum, warmup or
+  not; else `next_batch`."""
+  early_ladder = tuple(b for b in ladder[:-1] if b <= EARLY_RUNGS * ladder[0])
+  if len(early_ladder) < 2:  # static: no rung to climb to before the run has learnt
+    return next_batch
   early = _climb(batch_size, count, noise_state, early_ladder, 0, step_price, growth_interval,
                  ladder[-1])
   return jnp.where(plateau & (batch_size < early_ladder[-1]), early, next_batch)
