@@ -161,7 +161,7 @@ GROWTH_INTERVAL = 20
 # resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md); √8 ≈ 2.8 is the
 # gain those resolved readings give (2.1-3.1). The largest rung is never an early one: it is
 # earned by the growth rule on a run that has learnt (a ladder whose early climb ended on it
-# was a fixed batch from step 60, and cost the study LSTM at 8x 0.10x its examples).
+# was a fixed batch from step 60, and cost the study LSTM at 8x 0.10x the baseline's examples).
 EARLY_RUNGS = 8
 
 
