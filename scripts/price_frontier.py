@@ -8,17 +8,21 @@ B_noise over the baseline's progress that the run logged is played out by
 what the run took. The play-out climbs from the first step (no plateau), so it
 is a frontier of the readings, not a replay of the run (notes/batch_growth.md).
 
-  python scripts/price_frontier.py runs/mj_grow runs/mj_p0.7 --prices 0.5,0.7,1,1.4
+  python scripts/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32
+  python scripts/price_frontier.py runs/g32 --prices 0.5,0.7,1,1.4
 
-The runs come from `scripts/date_grow_probe.py` (its `--workdir`).
+Any trainer workdir of a DATE run will do (`scripts/date_grow_probe.py`'s `--workdir`, or a
+study's `<outdir>/runs/<cell>`).
 
 The law assumes a batch-free noise scale. `--readings-at` checks that assumption instead:
 the B_noise each run logged nearest each given progress (in baseline steps), with the batch
 it had there. Runs at different batches then show whether a larger batch reads more
 (notes/batch_growth.md, sixteenth session: the study ResNet does, 1.1-1.25x a doubling):
 
-  python scripts/price_frontier.py docs/growth_study/bump_cap/runs/resnet_adaptive_*_seed0 \
+  python scripts/price_frontier.py docs/growth_study/early_below_top/runs/resnet_adaptive_*_seed0 \
       --readings-at 300,1000,3000,6000
+
+(the folders the growth study's command in `docs/results/growth_study.md` writes).
 """
 
 import argparse
