@@ -237,6 +237,22 @@ def test_prediction_report_plays_the_baseline_s_profile_for_each_cell(tmp_path):
                    f"| {predicted * 32 / 3200:.2f} | 1.50 |"]
 
 
+def test_a_cell_plans_from_its_baseline_s_profile_with_inf_readings_held(tmp_path):
+  """A baseline that logged 100 with every other reading inf (|G|² ≤ 0): the engine holds its
+  gain there, so the plan reads 100 throughout: the closed form at 100 × 4^0.2, which also
+  sets the cell's eval cadence."""
+  runner = study.Study(str(tmp_path), {"t": configs.load(TINY)})
+  noise = [100.0, math.inf] * 10
+  runner._append(dict(_row("baseline", 1, 0, 0.97, 400, [(400, 0.97)], noise), workload="t",
+                      batch=8, base_batch=8, examples=3200))
+  config = runner.config_for(study.Cell("t", "adaptive", 4, 0))
+  assert config.plan.noise_scale == [100.0] * 20
+  _, recipe = _planned(config)
+  predicted = date.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
+                                   base_steps=400, warmup_steps=recipe.warmup_steps)
+  assert config.eval_every_steps == predicted // study.cells.EVALS_PER_RUN
+
+
 def test_filled_profile_by_hand():
   assert study.filled_profile([math.nan, 40.0, math.inf, 0.5, 7.0]) == [40.0, 40.0, 40.0, 1.0,
                                                                           7.0]

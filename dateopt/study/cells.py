@@ -124,6 +124,22 @@ def measured_noise_scales(metric_rows: Sequence[Mapping[str, Any]]) -> list[floa
   return values
 
 
+def filled_profile(profile: Sequence[float]) -> list[float]:
+  """A profile with no gaps: a point without a finite value takes the last one before it (the
+  first one, at the start), and values below one example are read as one (the law's floor).
+
+  Example:
+    >>> filled_profile([math.nan, 40.0, math.nan, 0.5])
+    [40.0, 40.0, 40.0, 1.0]
+  """
+  finite = [v for v in profile if math.isfinite(v)]
+  filled, last = [], finite[0] if finite else 1.0
+  for value in profile:
+    last = value if math.isfinite(value) else last
+    filled.append(max(last, 1.0))
+  return filled
+
+
 def finite_median(values: Iterable[float]) -> float:
   finite = [v for v in values if math.isfinite(v)]
   return statistics.median(finite) if finite else math.nan
@@ -188,10 +204,6 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       plan["linear_warmup_epochs"] = GOYAL_WARMUP_SHARE * float(config.baseline.num_epochs)
     if cell.strategy in ADAPTIVE_STRATEGIES and noise_scale:
       plan["noise_scale"] = [float(v) for v in noise_scale]
-      batches = (date.batch_ladder(base_batch, config.batch_size)
-                 if cell.strategy == "adaptive_grow" else (config.batch_size,))
-      expected_steps = date.predicted_budget(plan["noise_scale"], base_batch_size=base_batch,
-                                             base_steps=base_steps, batch_sizes=batches)["steps"]
     if cell.strategy == "legw_date_steps":
       if date_steps is None:
         raise ValueError(f"{cell.key}: LEGW at DATE's steps needs DATE's runs at "
@@ -200,6 +212,9 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
                              num_epochs=date_steps * config.batch_size / num_train_examples)
       expected_steps = date_steps
     config.plan = plan
+    if "noise_scale" in plan:  # DATE's steps, as its plan predicts them
+      _, recipe = train.plan_recipe(config, num_train_examples)
+      expected_steps = date.plan_predicted_steps(recipe, plan["noise_scale"])
   config.eval_every_steps = max(1, int(expected_steps) // EVALS_PER_RUN)
   return config
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from dateopt import date
 from dateopt.train import config as config_lib, experiment, metrics, recipe_record
 from dateopt.study.cells import (ADAPTIVE_STRATEGIES, BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES,
-                                 Cell, finite_median)
+                                 Cell, filled_profile, finite_median)
 from dateopt.study.runner import Study
 
 def steps_to_target(row: Mapping[str, Any], target: float) -> int | None:
@@ -483,22 +483,6 @@ def read_run(folder: str) -> tuple[date.Recipe, list[dict[str, Any]]] | None:
   with open(recipe_path, encoding="utf-8") as f:
     recipe = recipe_record.stored_recipe(json.load(f)["planned"])
   return recipe, metrics.read_metrics(metrics_path)
-
-
-def filled_profile(profile: Sequence[float]) -> list[float]:
-  """A profile with no gaps: a point without a finite value takes the last one before it (the
-  first one, at the start), and values below one example are read as one (the law's floor).
-
-  Example:
-    >>> filled_profile([math.nan, 40.0, math.nan, 0.5])
-    [40.0, 40.0, 40.0, 1.0]
-  """
-  finite = [v for v in profile if math.isfinite(v)]
-  filled, last = [], finite[0] if finite else 1.0
-  for value in profile:
-    last = value if math.isfinite(value) else last
-    filled.append(max(last, 1.0))
-  return filled
 
 
 def dominated(run: Mapping[str, Any], others: Sequence[Mapping[str, Any]]) -> bool:

@@ -22,7 +22,8 @@ import ml_collections
 from tqdm.auto import tqdm
 
 from dateopt import data, strict_json
-from dateopt.study.cells import ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config, run_cell
+from dateopt.study.cells import (ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config,
+                                 filled_profile, run_cell)
 from dateopt.train import workdir_lock
 from dateopt.validation import check_choice
 
@@ -122,8 +123,10 @@ class Study:
     if cell.strategy in ADAPTIVE_STRATEGIES:
       baselines = [r for r in rows if r["strategy"] == "baseline"]
       same_seed = [r for r in baselines if r["seed"] == cell.seed] or baselines
-      if same_seed:  # the baseline's profile, which DATE's prediction reads at its batch
-        noise = [max(v, 1.0) for v in same_seed[0]["noise_scales"]] or None
+      if same_seed and same_seed[0]["noise_scales"]:
+        # The baseline's profile, which DATE's prediction reads at its batch; a reading
+        # with |G|² ≤ 0 (inf) holds the one before, as the engine holds its gain there.
+        noise = filled_profile(same_seed[0]["noise_scales"])
     if cell.strategy == "legw_date_steps":
       steps = [r["steps"] for r in rows
                if r["strategy"] == "adaptive" and r["multiple"] == cell.multiple]
