@@ -189,6 +189,25 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
   assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
 
 
+def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
+  """At a fixed batch of 256 from 32 the plateau's readings (B_noise 1,000) are not
+  resolved either (gain 6.57): the gain is held to √8 until the run has learnt, then rises at most
+  GAIN_RISE a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                     optax.constant_schedule(0.1), base_batch_size=32, batch_size=256,
+                     base_steps=10_000, warmup_steps=50, noise_decay=0.0)
+  params = {"w": jnp.ones(2)}
+  state, update, gains = tx.init(params), jax.jit(tx.update), []
+  for loss in [2.3] * 50 + [1.9] * 20 + [1.4] * 30:
+    _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, 256),
+                      value=loss)
+    gains.append(float(state.gain))
+  assert date.adascale_gain(1000.0, 32, 256) == pytest.approx(6.57, abs=0.01)  # the hold binds
+  assert gains[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
+  rise = 1 + date.GAIN_RISE
+  assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
+
+
 def test_the_early_climb_stops_below_the_largest_rung():
   """A ladder that ends at EARLY_RUNGS × B0 (256): on the plateau the looks at steps 20 and 40
   climb to 64 and 128, and the one at 60 does not take 256, which waits for the run to learn

@@ -63,9 +63,13 @@ most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
 the gain would jump to k), nor, once the run has learnt, while its loss sits above
 its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
-after the loss has stopped rising). A hold leaves a ceiling (`bump_ceiling`): the gain
-of the step before it, which the gain may recover to but not pass, and a growing batch
-does not climb, until the loss sets a new best. Each noise reading is winsorized against the EMAs
+after the loss has stopped rising). Until the run has learnt the gain is held to
+√(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
+at any batch (a fixed 16x study LSTM that took them ended 0.99 points below its
+baseline, held 0.14; notes/batch_growth.md, twenty-first session). A hold
+leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
+may recover to but not pass, and a growing batch does not climb, until the loss
+sets a new best. Each noise reading is winsorized against the EMAs
 (`dateopt.date.noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date.divergence` watches the run. A step whose gradient jumps
@@ -318,20 +322,18 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
   return jnp.where(released, jnp.inf, jnp.where(starts, previous_gain, cap))
 
 
-def _watched_gain(gain, state, watch, learnt, *, steady, healthy, grown_batch, base_batch_size):
+def _watched_gain(gain, state, watch, learnt, *, steady, healthy, step_batch, base_batch_size):
   """The gain after the watch's rules, and the bump's ceiling (`bump_ceiling`) after this step.
 
   No rise while the loss sits off its best (`_no_rise_off_best`), not past a
-  bump's ceiling, and, on a growing batch (`grown_batch`: the step's; None for
-  a fixed one), held to √(B/B0) until the run has learnt.
+  bump's ceiling, and held to √(B/B0) at the step's batch B until the run has
+  learnt, at a fixed batch as on a growing one.
   """
   gain = _no_rise_off_best(gain, state.gain, watch, learnt)
   cap = bump_ceiling(state.gain_cap, state.gain, watch, holding=healthy & ~steady,
                      steady=steady)
   gain = jnp.minimum(gain, cap)
-  if grown_batch is not None:  # static
-    gain = _root_gain_until_learnt(gain, learnt, grown_batch, base_batch_size)
-  return gain, cap
+  return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size), cap
 
 
 def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
@@ -491,7 +493,7 @@ def adaptive(
     cap = state.gain_cap
     if watching:  # static: the watch's rules on the gain
       gain, cap = _watched_gain(gain, state, watch, learnt, steady=steady, healthy=healthy,
-                                grown_batch=step_batch if ladder else None,
+                                step_batch=step_batch,
                                 base_batch_size=base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
