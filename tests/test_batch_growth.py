@@ -190,8 +190,8 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
 
 
 def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
-  """At a fixed batch of 256 from 32 the plateau's readings (B_noise 1,000) are not
-  resolved either (gain 6.57): the gain is held to √8 until the run has learnt, then rises at most
+  """At a fixed batch of 256 from 32 the plateau's readings (B_noise 1,000, gain 6.57) are not
+  resolved either: the gain is held to √8 until the run has learnt, then rises at most
   GAIN_RISE a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                      optax.constant_schedule(0.1), base_batch_size=32, batch_size=256,
