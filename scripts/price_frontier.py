@@ -23,10 +23,19 @@ it had there. Runs at different batches then show whether a larger batch reads m
       --readings-at 300,1000,3000,6000
 
 (the folders the growth study's command in `docs/results/growth_study.md` writes).
+
+`--climbs` checks it within one grown run, where the state is the same on both sides of a
+climb: at each climb past step 100, the B_noise logged 40 steps into the new rung against the
+one logged at the climb, divided by the run's own trend over the 40 steps before, scaled to
+the progress each stretch covered (notes/batch_growth.md, twenty-first session):
+
+  python scripts/price_frontier.py docs/growth_study/early_below_top/runs/lstm_adaptive_grow_* \
+      --climbs
 """
 
 import argparse
 import math
+import statistics
 
 from dateopt import date
 from dateopt.study import filled_profile, progress_profile, read_as_largest, read_run
@@ -78,6 +87,49 @@ def readings_markdown(folders: list[str], points: list[float]) -> str:
   return "\n".join(lines)
 
 
+# Climbs earlier than this are the plateau's early ones, on readings that are not resolved.
+CLIMB_FROM_STEP = 100
+
+
+def climb_excesses(folder: str) -> list[tuple[int, int, int, float]]:
+  """(step, from batch, to batch, excess) for each climb of the run past `CLIMB_FROM_STEP`.
+
+  The excess is the reading's jump across the climb (the old rung's last log to the new
+  rung's second) over the run's trend in the two logs before it (40 steps, the study's
+  cadence), scaled to the progress each stretch covered: the batch's own share of the jump,
+  1 where the batch changes nothing the run reads.
+  """
+  rows = [r for r in _read(folder)[1] if "train/date/progress" in r and "train/batch_size" in r]
+  out = []
+  for i in range(3, len(rows) - 1):
+    before, old, new, after = rows[i - 3], rows[i - 1], rows[i], rows[i + 1]
+    if new["train/batch_size"] <= old["train/batch_size"] or old["step"] < CLIMB_FROM_STEP:
+      continue
+    noise = [r.get("train/date/noise_scale") for r in (before, old, after)]
+    if after["train/batch_size"] != new["train/batch_size"] or not all(noise):
+      continue
+    tau = [float(r["train/date/progress"]) for r in (before, old, after)]
+    trend, jump = noise[1] / noise[0], noise[2] / noise[1]
+    excess = jump / trend ** ((tau[2] - tau[1]) / (tau[1] - tau[0]))
+    out.append((int(new["step"]), int(old["train/batch_size"]), int(new["train/batch_size"]),
+                excess))
+  return out
+
+
+def climbs_markdown(folders: list[str]) -> str:
+  """One row per climb, and the median excess over all of them."""
+  lines = ["| run | step | batch | excess |", "|---|---:|---|---:|"]
+  excesses = []
+  for folder in folders:
+    for step, old, new, excess in climb_excesses(folder):
+      lines.append(f"| {folder} | {step:,} | {old:,} → {new:,} | {excess:.2f} |")
+      excesses.append(excess)
+  if excesses:
+    lines.append(f"\n{len(excesses)} climbs, median excess {statistics.median(excesses):.2f} "
+                 f"(range {min(excesses):.2f}-{max(excesses):.2f})")
+  return "\n".join(lines)
+
+
 def _numbers(parser, flag: str, text: str) -> list[float]:
   """The comma-separated numbers > 0 of `flag`, or the parser's error."""
   try:
@@ -109,7 +161,13 @@ def main():
   parser.add_argument("--readings-at", default=None,
                       help="comma-separated progress points (baseline steps, each > 0): print "
                            "each run's B_noise@batch nearest them instead of the law")
+  parser.add_argument("--climbs", action="store_true",
+                      help="print each climb's batch share of the B_noise jump (grown runs) "
+                           "instead of the law")
   args = parser.parse_args()
+  if args.climbs:
+    print(climbs_markdown(args.runs))
+    return
   if args.readings_at is not None:
     print(readings_markdown(args.runs, _numbers(parser, "--readings-at", args.readings_at)))
     return

@@ -324,6 +324,29 @@ def test_price_frontier_readings_at_take_the_logged_row_nearest_each_progress(tm
     frontier.readings_at(str(tmp_path / "missing"), [1.0])
 
 
+def test_price_frontier_climbs_take_the_batch_share_of_a_reading_s_jump(tmp_path):
+  """--climbs: B_noise 2^(τ/100), × 1.5 at batch 128; logs every 20 steps, τ 50 a log at
+  batch 64 up to step 200 and 100 a log after. Across the climb (τ 500 → 700) the reading
+  jumps 2² × 1.5 = 6; the run's own trend before (τ 400 → 500) is 2, scaled to 200 of
+  progress 4: the batch's share is 1.5."""
+  frontier = _load_price_frontier()
+  recipe = date.plan(date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1,
+                                 learning_rate=0.1, optimizer="sgd"), 128, "adaptive",
+                     grow_batch=True)
+  with open(tmp_path / "recipe.json", "w") as f:
+    json.dump({"planned": recipe.to_dict()}, f)
+  with open(tmp_path / "metrics.jsonl", "w") as f:
+    for k in range(1, 16):
+      tau, batch = (50.0 * k, 64.0) if k <= 10 else (500.0 + 100.0 * (k - 10), 128.0)
+      f.write(json.dumps({"step": 20 * k, "train/date/progress": tau, "train/batch_size": batch,
+                          "train/date/noise_scale": 2 ** (tau / 100) * (1.5 if batch > 64
+                                                                        else 1.0)}) + "\n")
+  [(step, old, new, excess)] = frontier.climb_excesses(str(tmp_path))
+  assert (step, old, new) == (220, 64, 128) and excess == pytest.approx(1.5)
+  assert frontier.climbs_markdown([str(tmp_path)]).splitlines()[-1] == (
+      "1 climbs, median excess 1.50 (range 1.50-1.50)")
+
+
 def test_study_figures_are_written(tmp_path):
   pytest.importorskip("matplotlib")
   from dateopt.study import figures

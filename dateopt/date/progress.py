@@ -611,9 +611,9 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   (α = `noise_batch_exponent`): a run at batch B reads the baseline's noise
   × (B/B0)^α, the batch trend `credited_noise` credits, so at every rung the
   credited reading is the largest batch's. On the growth study's baseline
-  profiles this predicts every fixed and grown run group at 8x-64x within −3%
-  and +15% of the steps it took, where the profile read as measured (α = 0)
-  was 14-90% high (notes/batch_growth.md, twentieth session). A one-rung
+  profiles this predicts every fixed and grown run group at 8x-64x within 0%
+  and +16% of the steps it took, where the profile read as measured (α = 0)
+  was 18-92% high (notes/batch_growth.md, twentieth and twenty-first sessions). A one-rung
   ladder is a fixed batch. `read_at_batch_size` (default B0) is the batch of the run that
   read `noise_scales`: a profile a run at B_max logged is read as it is. The
   play-out assumes the loss falls from the first step: a plateau before the
