@@ -9,7 +9,8 @@ Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step pr
 `--noise-batch-exponent 0` reads each rung's noise scale as measured (grown runs; the
 engine's default credits it × (B_max/B)^0.2); `--gain-rule sqrt` scales the LR by √r_t;
 `--signal-decay 0.99` gives the |G|² EMA tr Σ's 100-step horizon (default: the config's
-0.97); `--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from
+0.97); `--noise-of adam_step` measures the noise scale in Adam's metric (`Recipe.noise_of`);
+`--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from
 the loss).
 """
 
@@ -39,6 +40,9 @@ def main():
   parser.add_argument("--signal-decay", type=float, default=None,
                       help="the |G|^2 EMA's decay per step (default: the config's, "
                            "date.SIGNAL_DECAY); notes/batch_growth.md, sessions 18-19")
+  parser.add_argument("--noise-of", choices=["gradient", "lars_step", "adam_step"],
+                      default=None, help="what the noise scale is measured on (default: the "
+                                         "plan's, Recipe.noise_of 'auto')")
   parser.add_argument("--log-every-steps", type=int, default=None,
                       help="log the training metrics every this many steps (default: the "
                            "config's); logging does not change the run")
@@ -54,6 +58,8 @@ def main():
     plan["noise_batch_exponent"] = args.noise_batch_exponent
   if args.gain_rule is not None:
     plan["gain_rule"] = args.gain_rule
+  if args.noise_of is not None:
+    plan["noise_of"] = args.noise_of
   config.plan = plan
   if args.signal_decay is not None:
     config.signal_decay = args.signal_decay
@@ -69,7 +75,8 @@ def main():
       "multiple": args.multiple, "mode": args.mode, "seed": args.seed, "step_price": plan.get(
           "step_price", result.recipe.step_price),
       "noise_batch_exponent": result.recipe.noise_batch_exponent,
-      "gain_rule": result.recipe.gain_rule, "signal_decay": config.signal_decay,
+      "gain_rule": result.recipe.gain_rule, "noise_of": result.recipe.measured_noise_of,
+      "signal_decay": config.signal_decay,
       "accuracy": result.eval_metrics["accuracy"], "steps": result.steps,
       "examples": result.examples,
       "examples_vs_baseline": result.examples / (result.baseline.total_steps

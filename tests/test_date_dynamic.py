@@ -296,12 +296,62 @@ def test_grouped_value_and_grad_takes_the_recipes_scales_at_the_steps_params():
   jax.tree.map(np.testing.assert_array_equal, got[1], plain[1])  # the step's gradient: unscaled
 
 
+def _adam_state_after(params, updates: int, *, b2=0.99, eps=1e-3):
+  """optax.adam's state after `updates` updates on random gradients."""
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2, b2=b2, eps=eps))
+  state = tx.init(params)
+  rng = np.random.default_rng(11)
+  for _ in range(updates):
+    grads = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+    _, state = tx.update(grads, state, params)
+  return state
+
+
+def test_adam_step_norms_are_the_gradient_in_adams_metric():
+  """Checked by hand in numpy: each coordinate of every group's gradient times
+  1/(√(ν/(1 − b2^t)) + ε), with ν and t read off optax.adam's own state (inside a chain)."""
+  params, _ = _tree()
+  group_grads = _group_grads(params)
+  recipe = _lars_step_recipe(optimizer="adam", b2=0.99, eps=1e-3, noise_of="adam_step")
+  state = _adam_state_after(params, 3)
+  scales = date.noise_leaf_scales(recipe, params, state)
+  _, _, sq = date.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
+  nu = jax.tree.leaves(state[1][0].nu)
+  factors = [1 / (np.sqrt(np.asarray(v) / (1 - 0.99 ** 3)) + 1e-3) for v in nu]
+  groups = [np.asarray(g) for g in jax.tree.leaves(group_grads)]
+  small = np.mean([sum(np.sum((f * g[i]) ** 2) for f, g in zip(factors, groups))
+                   for i in range(4)])
+  big = sum(np.sum((f * g.mean(0)) ** 2) for f, g in zip(factors, groups))
+  assert float(sq.small) == pytest.approx(small, rel=1e-5)
+  assert float(sq.big) == pytest.approx(big, rel=1e-5)
+  plain = date.combine_group_grads(jnp.zeros(4), group_grads, 32)[2]
+  assert float(sq.small) != pytest.approx(float(plain.small), rel=0.01)
+
+
+def test_adam_step_before_the_first_update_measures_the_gradient():
+  """At t = 0 Adam has no second moments: every factor is 1 (not 0/0)."""
+  params, _ = _tree()
+  recipe = _lars_step_recipe(optimizer="adamw", noise_of="adam_step")
+  scales = date.noise_leaf_scales(recipe, params, _adam_state_after(params, 0))(None)
+  for factor in jax.tree.leaves(scales):
+    np.testing.assert_array_equal(factor, np.ones_like(factor))
+
+
+def test_adam_step_needs_an_adam_state():
+  params, _ = _tree()
+  recipe = _lars_step_recipe(optimizer="adam", noise_of="adam_step")
+  with pytest.raises(ValueError, match="noise_of='adam_step' reads Adam's second moments"):
+    date.noise_leaf_scales(recipe, params, optax.sgd(0.1).init(params))
+
+
 @pytest.mark.parametrize("fields, match", [
     ({"optimizer": "adam"}, "noise_of='lars_step' measures the step LARS takes; "
                             "optimizer='adam'"),
     ({"optimizer_options": {"trust_clip": True}}, "trust_clip"),
     ({"grad_clip_norm": 1.0}, "grad_clip_norm"),
-    ({"noise_of": "update"}, "noise_of.*'auto', 'gradient', 'lars_step'"),
+    ({"noise_of": "update"}, "noise_of.*'auto', 'gradient', 'lars_step', 'adam_step'"),
+    ({"noise_of": "adam_step"}, "noise_of='adam_step' measures the step Adam takes; "
+                                "optimizer='lars'"),
 ])
 def test_a_recipe_refuses_a_noise_of_its_optimizer_does_not_take(fields, match):
   with pytest.raises(ValueError, match=match):

@@ -175,6 +175,35 @@ def test_adaptive_lars_measures_the_noise_of_the_step_it_takes(tmp_path):
   assert auto_row["train/date/noise_scale"] == step_row["train/date/noise_scale"]
 
 
+def test_adaptive_adam_step_measures_in_adams_metric_from_the_second_step(tmp_path):
+  """noise_of="adam_step" reaches the train step with the optimizer's state: the first step
+  (no second moments yet) reads the gradient's noise, the next ones, from the same
+  parameters, another (the arithmetic: tests/test_date_dynamic.py)."""
+  adam = dict(batch_size=16, num_epochs=2, optimizer="adam", learning_rate=1e-3,
+              warmup_epochs=0.1, decay="cosine")
+
+  def logged(noise_of):
+    config = _config(strategy="adaptive", baseline=adam, plan=dict(noise_of=noise_of),
+                     num_train_steps=3, log_every_steps=1)
+    result = train.train_and_evaluate(config, str(tmp_path / noise_of))
+    rows = [json.loads(line) for line in open(tmp_path / noise_of / "metrics.jsonl")]
+    return result, [r for r in rows if "train/loss" in r]
+
+  plain, plain_rows = logged("gradient")
+  step, step_rows = logged("adam_step")
+  assert step.recipe.measured_noise_of == "adam_step"
+  assert plain.recipe.measured_noise_of == "gradient"
+  first, second = (plain_rows[0], step_rows[0]), (plain_rows[1], step_rows[1])
+  assert first[0]["step"] == 1 and first[0]["train/loss"] == first[1]["train/loss"]
+  assert first[0]["train/date/noise_scale"] == first[1]["train/date/noise_scale"]
+  assert second[0]["train/loss"] == second[1]["train/loss"]
+  # After one update v̂ = g₁², the metric is far from the identity (here the reading is
+  # infinite: logged as null).
+  plain_reading, step_reading = (row["train/date/noise_scale"] for row in second)
+  assert plain_reading is not None
+  assert step_reading is None or step_reading != pytest.approx(plain_reading, rel=0.01)
+
+
 def test_bad_baseline_field_is_named(tmp_path):
   config = _config()
   config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adamm", learning_rate=1e-3)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from dateopt import masks, schedules, transforms
@@ -140,7 +142,8 @@ def _family_and_kwargs(recipe: Recipe) -> tuple[Callable[..., Any], dict[str, An
 _TRUST_RATIO_KEYWORDS = ("weight_decay", "trust_coefficient", "eps", "mode", "mask", "axis_name")
 
 
-def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | None:
+def noise_leaf_scales(recipe: Recipe, params: Any, opt_state: Any = None
+                      ) -> Callable[[Any], Any] | None:
   """What the recipe measures its noise scale through (`Recipe.noise_of`), for
   `combine_group_grads` / `cross_replica_sq_norms`'s `leaf_scales=`.
 
@@ -151,7 +154,10 @@ def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | Non
   norms are then Σ_l λ_l²·|g_l|², those of the gradient part of LARS's step
   λ_l·(g_l + β·w_l) (the weight-decay part carries no noise): AdaScale's
   gain (Johnson et al. 2020) is defined for the step an optimizer takes, and
-  LARS's step is not its gradient.
+  LARS's step is not its gradient. For "adam_step", `fn` gives Adam's
+  per-coordinate preconditioner 1/(√v̂ + ε) read from `opt_state`
+  (`adam_preconditioner`): the norms are those of the gradient in the metric
+  Adam steps in.
 
   Example:
     >>> import jax.numpy as jnp
@@ -163,11 +169,42 @@ def noise_leaf_scales(recipe: Recipe, params: Any) -> Callable[[Any], Any] | Non
     >>> round(float(scales["kernel"]), 6), float(scales["bias"])   # 0.001 · 5 / 1; masked
     (0.005, 1.0)
   """
-  if recipe.measured_noise_of == "gradient":
+  measured = recipe.measured_noise_of
+  if measured == "gradient":
     return None
+  if measured == "adam_step":
+    eps = 1e-8 if recipe.eps is None else recipe.eps  # optax.adam's default
+    scales = adam_preconditioner(opt_state, b2=recipe.b2, eps=eps)
+    return lambda grads: scales
   _, lars_kwargs = _family_and_kwargs(recipe)
   kwargs = {key: value for key, value in lars_kwargs.items() if key in _TRUST_RATIO_KEYWORDS}
   return lambda grads: transforms.lars_trust_ratios(grads, params, **kwargs)
+
+
+def adam_preconditioner(opt_state: Any, *, b2: float, eps: float) -> Any:
+  """Adam's per-coordinate factor 1/(√v̂ + ε), v̂ = ν/(1 − b2^t), from an optimizer state.
+
+  Reads the first `optax.ScaleByAdamState` in `opt_state` (any chain or
+  wrapper around `optax.adam`/`optax.adamw`). Before the first update (t = 0)
+  v̂ is undefined and every factor is 1: the plain gradient. Kingma & Ba 2015.
+
+  Example:
+    >>> import jax.numpy as jnp, optax
+    >>> state = optax.adam(1e-3).init({"w": jnp.zeros(2)})
+    >>> adam_preconditioner(state, b2=0.999, eps=1e-8)["w"].tolist()   # t = 0
+    [1.0, 1.0]
+  """
+  found = [leaf for leaf in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+           if isinstance(leaf, optax.ScaleByAdamState)]
+  if not found:
+    raise ValueError("noise_of='adam_step' reads Adam's second moments from the optimizer "
+                     "state; pass the state of an adam or adamw optimizer as opt_state.")
+  count, nu = found[0].count, found[0].nu
+  debias = 1.0 - jnp.power(jnp.asarray(b2, jnp.float32), count)
+  factor = lambda v: jnp.where(count > 0, 1.0 / (jnp.sqrt(v / jnp.maximum(debias, 1e-30)) + eps),
+                               jnp.ones_like(v))
+  return jax.tree.map(factor, nu)
 
 
 def _eps(recipe: Recipe) -> dict[str, float]:

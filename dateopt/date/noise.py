@@ -61,12 +61,21 @@ def tree_sq_norm(tree: Any, leaf_scales: Any = None) -> jax.Array:
   """Σ of squared entries over every leaf, accumulated in float32.
 
   With `leaf_scales` (a tree of one scalar s_l per leaf of `tree`): Σ_l s_l²·|x_l|²,
-  the squared norm of the tree with each leaf scaled by its s_l.
+  the squared norm of the tree with each leaf scaled by its s_l. A leaf's
+  scale may also be an array of the leaf's shape (Adam's per-coordinate
+  preconditioner): Σ (s ⊙ x)².
   """
   leaves = jax.tree.leaves(tree)
   scales = [1.0] * len(leaves) if leaf_scales is None else jax.tree.leaves(leaf_scales)
-  return sum((jnp.square(jnp.asarray(s, jnp.float32)) * transforms.sum_of_squares(x)
-              for x, s in zip(leaves, scales, strict=True)), jnp.zeros((), jnp.float32))
+  return sum((_scaled_sq_norm(x, s) for x, s in zip(leaves, scales, strict=True)),
+             jnp.zeros((), jnp.float32))
+
+
+def _scaled_sq_norm(x: jax.Array, scale: Any) -> jax.Array:
+  scale = jnp.asarray(scale, jnp.float32)
+  if scale.ndim == 0:
+    return jnp.square(scale) * transforms.sum_of_squares(x)
+  return transforms.sum_of_squares(scale * x.astype(jnp.float32))
 
 
 def _scales_of(leaf_scales: Callable[[Any], Any] | None, grads: Any) -> Any:

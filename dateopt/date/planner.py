@@ -132,9 +132,10 @@ def plan(
       × (B_max/B)^α for the gain and the climb (`dateopt.date.credited_noise`).
     noise_of: "adaptive" only: "gradient", "lars_step" for a LARS baseline
       (the noise scale of the step LARS takes, each leaf's gradient times its
-      trust ratio: `dateopt.date.noise_leaf_scales`), or "auto" (lars_step
-      where it applies: `Recipe.measured_noise_of`). None: the baseline's
-      (by default "auto").
+      trust ratio: `dateopt.date.noise_leaf_scales`), "adam_step" for an
+      adam/adamw baseline (the gradient in Adam's metric, opt-in), or "auto"
+      (lars_step where it applies: `Recipe.measured_noise_of`). None: the
+      baseline's (by default "auto").
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.

@@ -44,7 +44,10 @@ NOISE_BATCH_EXPONENT = 0.2
 # What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
 # gradient times its trust ratio; notes/batch_growth.md, twelfth and thirteenth sessions).
 # "auto": the step LARS takes where DATE can measure it (`Recipe.measured_noise_of`).
-NOISE_OF = ("auto", "gradient", "lars_step")
+# "adam_step": the gradient in Adam's metric, 1/(√v̂ + ε) per coordinate (opt-in; notes,
+# twenty-second session).
+NOISE_OF = ("auto", "gradient", "lars_step", "adam_step")
+ADAM_STEP_OPTIMIZERS = ("adam", "adamw")
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
@@ -153,7 +156,9 @@ class Recipe:
     noise_of: what the noise scale is measured on (and, in adaptive mode,
       the gain and the batch's growth with it): "gradient"; "lars_step"
       (lars only): each leaf's gradient times its trust ratio, the gradient
-      part of the step LARS takes (`dateopt.date.noise_leaf_scales`); or
+      part of the step LARS takes (`dateopt.date.noise_leaf_scales`);
+      "adam_step" (adam, adamw only): the gradient times Adam's
+      preconditioner 1/(√v̂ + ε), coordinate by coordinate; or
       "auto" (the default): "lars_step" for a lars recipe without
       `trust_clip` or `grad_clip_norm`, else "gradient"
       (`measured_noise_of`). An adaptive plan keeps the baseline's unless
@@ -250,6 +255,10 @@ class Recipe:
           f"steps, not fewer than the {self.total_steps} training steps.")
 
   def _check_noise_of(self) -> None:
+    if self.noise_of == "adam_step" and self.optimizer not in ADAM_STEP_OPTIMIZERS:
+      raise ValueError(f"noise_of='adam_step' measures the step Adam takes; optimizer="
+                       f"{self.optimizer!r} takes another. Use noise_of='gradient', or "
+                       f"optimizer in {ADAM_STEP_OPTIMIZERS}.")
     if self.noise_of != "lars_step" or self._lars_step_measurable():
       return
     if self.optimizer != "lars":

@@ -194,7 +194,8 @@ def _train_step(state, batch, record_statistics, measure_noise, *, model, tx, nu
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
   batch = dict(batch, rng=_dropout_keys(step_key, batch_size, grad_groups, grad_accum_steps))
   loss_fn = _loss_fn(model, num_classes, label_smoothing)
-  leaf_scales = None if recipe is None else date.noise_leaf_scales(recipe, state.params)
+  leaf_scales = None if recipe is None else date.noise_leaf_scales(recipe, state.params,
+                                                                   state.opt_state)
   (loss, (batch_stats, accuracy)), grads, sq_norms = _gradients(
       loss_fn, state.params, batch, state.batch_stats, grad_groups, measure_noise,
       grad_accum_steps, leaf_scales)
