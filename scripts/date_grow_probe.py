@@ -10,8 +10,9 @@ Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step pr
 engine's default credits it × (B_max/B)^0.2); `--gain-rule sqrt` scales the LR by √r_t;
 `--signal-decay 0.99` gives the |G|² EMA tr Σ's 100-step horizon (default: the config's
 0.97); `--noise-of adam_step` measures the noise scale in Adam's metric (`Recipe.noise_of`);
-`--log-every-steps 1` logs every step (the watch's EMAs can then be recomputed from
-the loss).
+`--checkpoint-every-steps 20` keeps a checkpoint every 20 steps (for
+`scripts/critical_batch.py`); `--log-every-steps 1` logs every step (the watch's EMAs can
+then be recomputed from the loss).
 """
 
 import argparse
@@ -43,6 +44,8 @@ def main():
   parser.add_argument("--noise-of", choices=["gradient", "lars_step", "adam_step"],
                       default=None, help="what the noise scale is measured on (default: the "
                                          "plan's, Recipe.noise_of 'auto')")
+  parser.add_argument("--checkpoint-every-steps", type=int, default=None,
+                      help="save, and keep, a checkpoint every this many steps (default: none)")
   parser.add_argument("--log-every-steps", type=int, default=None,
                       help="log the training metrics every this many steps (default: the "
                            "config's); logging does not change the run")
@@ -64,6 +67,11 @@ def main():
   if args.signal_decay is not None:
     config.signal_decay = args.signal_decay
   config.checkpoint_every_steps, config.progress_bar, config.eval_every_steps = -1, False, 0
+  if args.checkpoint_every_steps is not None:
+    if args.checkpoint_every_steps < 1:
+      parser.error(f"--checkpoint-every-steps must be >= 1; got {args.checkpoint_every_steps}")
+    config.checkpoint_every_steps = args.checkpoint_every_steps
+    config.keep_checkpoints = 10**6  # every one: the probe's runs are short
   config.overwrite = True  # a probe replaces the last one in its workdir
   if args.log_every_steps is not None:
     if args.log_every_steps < 1:

@@ -1,12 +1,15 @@
 """The batch-scaling study (dateopt.study, python -m dateopt.study): grid, configs, tables, --quick."""
 
 import csv
+import doctest
 import json
 import math
 import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from dateopt import configs, date, study
@@ -263,7 +266,7 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   """A grown run that read B_noise 400 throughout: scripts/price_frontier.py's play-out at
   prices 0.5 and 4 is the engine's rule on that constant, called directly, and the higher
   price buys fewer steps for more examples."""
-  frontier = _load_price_frontier()
+  frontier = _load_script("price_frontier")
   base = date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1, learning_rate=0.1,
                      optimizer="sgd", warmup_epochs=0.1)
   recipe = date.plan(base, 512, "adaptive", grow_batch=True)
@@ -286,19 +289,38 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   assert table[2].startswith(f"| {tmp_path} | 1 | 200, 2.50x | {cheap['steps']:,}, ")
 
 
-def _load_price_frontier():
+def _load_script(name):
   import importlib.util  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", "price_frontier.py")
-  spec = importlib.util.spec_from_file_location("price_frontier", path)
-  frontier = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(frontier)
-  return frontier
+  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_critical_batch_measures_both_noise_scales_of_a_known_quadratic():
+  """ℓ(w; x) = ½ Σ_j h_j (w_j − x_j)², x ~ N(μ, diag c): per-example gradients H(w − x), so
+  Σ = HCH and G = H(w − μ). By hand: B_simple = Σh²c / Σh²d² = 19 / 2.41 = 7.88 and
+  B_crit = Σh³c / Σh³d² = 67.5 / 3.765 = 17.93 (d = w − μ); the script's estimates from eight
+  batches of 256 groups of 8 land within 10% (4% and 6% off), and a docstring checks H = I
+  (the two agree)."""
+  critical = _load_script("critical_batch")
+  h, c = np.array([4.0, 2.0, 1.0, 0.5]), np.array([1.0, 0.25, 1.0, 4.0])
+  mu, w = np.zeros(4), np.array([0.1, 0.5, 1.0, 1.0])
+  loss = lambda p, b: 0.5 * jnp.mean(jnp.sum(jnp.asarray(h, jnp.float32) * (p - b["x"]) ** 2, -1))
+  rng = np.random.default_rng(0)
+  batches = [{"x": jnp.asarray(mu + np.sqrt(c) * rng.normal(size=(2048, 4)), jnp.float32)}
+             for _ in range(8)]
+  scales = critical.noise_scales(loss, jnp.asarray(w, jnp.float32), batches, 256)
+  assert scales["b_simple"] == pytest.approx(19 / 2.41, rel=0.1)
+  assert scales["b_crit"] == pytest.approx(67.5 / 3.765, rel=0.1)
+  assert doctest.testmod(critical).failed == 0
 
 
 def test_price_frontier_readings_at_take_the_logged_row_nearest_each_progress(tmp_path):
   """--readings-at: a run that read 10·τ at batch 64 up to τ 500 and at 128 after gives, at
   τ 240 and 880, the rows at τ 250 and 875 (every 125); a run with no reading gives blanks."""
-  frontier = _load_price_frontier()
+  frontier = _load_script("price_frontier")
   recipe = date.plan(date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1,
                                  learning_rate=0.1, optimizer="sgd"), 128, "adaptive")
   for name, noise in (("read", lambda tau: 10.0 * tau), ("unread", lambda tau: None)):
@@ -329,7 +351,7 @@ def test_price_frontier_climbs_take_the_batch_share_of_a_reading_s_jump(tmp_path
   batch 64 up to step 200 and 100 a log after. Across the climb (τ 500 → 700) the reading
   jumps 2² × 1.5 = 6; the run's own trend before (τ 400 → 500) is 2, scaled to 200 of
   progress 4: the batch's share is 1.5."""
-  frontier = _load_price_frontier()
+  frontier = _load_script("price_frontier")
   recipe = date.plan(date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1,
                                  learning_rate=0.1, optimizer="sgd"), 128, "adaptive",
                      grow_batch=True)
