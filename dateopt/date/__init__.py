@@ -47,7 +47,13 @@ from dateopt.date.progress import (
     progress_done,
     wants_next_rung,
 )
-from dateopt.date.builder import build, build_schedule, noise_leaf_scales, optimizer_factory
+from dateopt.date.builder import (
+    adam_preconditioner,
+    build,
+    build_schedule,
+    noise_leaf_scales,
+    optimizer_factory,
+)
 from dateopt.date.guard import DEFAULT_MIN_MULTIPLIER, DivergenceGuardState, divergence_guard
 from dateopt.date.noise import (
     SIGNAL_DECAY,
@@ -125,6 +131,7 @@ __all__ = [
     "StatisticsState",
     "TrainingStatistics",
     "adascale_gain",
+    "adam_preconditioner",
     "adaptive",
     "batch_credit",
     "batch_ladder",
