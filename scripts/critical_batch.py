@@ -18,7 +18,8 @@ Each step's estimate pools `--batches` training batches of `--groups` × `--grou
 examples: over groups, tr Σ ≈ b·Σ_i|ξ_i|²/(n−1) and tr(HΣ) ≈ b·Σ_i ξ_iᵀHξ_i/(n−1) (ξ_i: group i's
 gradient minus the batch's, b examples a group, n groups, H the batch's Hessian), and
 |G|² ≈ |Ĝ|² − tr Σ/N, GᵀHG ≈ ĜᵀHĜ − tr(HΣ)/N (N = n·b); sums over batches, then the ratios.
-GᵀHG ≤ 0 (a non-convex stretch) gives B_crit = inf. One line of JSON per step.
+GᵀHG ≤ 0 gives B_crit = inf and tr(HΣ) < 0 a negative B_crit: a non-convex stretch, where no
+critical batch is defined. One line of JSON per step.
 """
 
 from __future__ import annotations
