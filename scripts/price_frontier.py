@@ -31,6 +31,16 @@ the progress each stretch covered (notes/batch_growth.md, twenty-first session):
 
   python scripts/price_frontier.py docs/growth_study/early_below_top/runs/lstm_adaptive_grow_* \
       --climbs
+
+`--loss-against BASELINE` (with `--readings-at`) asks what the credited progress bought: each
+run's training loss nearest each progress point (a median over 5 logged rows), and the
+progress at which the baseline's run reached that loss (its first logged median at or below
+it). A ratio above 1: the run is ahead of its credit (notes/batch_growth.md, twenty-second
+session):
+
+  python scripts/price_frontier.py docs/growth_study/fixed_hold/runs/lstm_adaptive_*_seed0 \
+      --readings-at 200,400,800,1600,3200 \
+      --loss-against docs/growth_study/fixed_hold/runs/lstm_baseline_1x_seed0
 """
 
 import argparse
@@ -130,6 +140,55 @@ def climbs_markdown(folders: list[str]) -> str:
   return "\n".join(lines)
 
 
+# The loss is logged every 20 steps (the study's cadence), each row one step's batch: the median
+# over this many rows, centred on a row, smooths it.
+LOSS_WINDOW = 5
+
+
+def smoothed_losses(rows: list[dict]) -> list[tuple[float, float, int]]:
+  """(progress, median loss over the window centred there, batch) of each logged training row.
+
+  Progress is the DATE run's `train/date/progress`, or the step for a run that has none (the
+  baseline).
+  """
+  logged = [r for r in rows if "train/loss" in r]
+  half = LOSS_WINDOW // 2
+  return [(float(r.get("train/date/progress", r["step"])),
+           statistics.median(float(x["train/loss"]) for x in logged[max(0, i - half):i + half + 1]),
+           int(r.get("train/batch_size", 0))) for i, r in enumerate(logged)]
+
+
+def loss_matched(folder: str, baseline: str, points: list[float]
+                 ) -> list[tuple[float, float, float, int] | None]:
+  """(progress, loss, the baseline's progress at that loss, batch) nearest each point.
+
+  The baseline's progress is that of its first smoothed row at or below the loss (inf: it
+  never got there); None: the run logged no loss.
+  """
+  base = smoothed_losses(_read(baseline)[1])
+  run = smoothed_losses(_read(folder)[1])
+  out = []
+  for point in points:
+    if not run:
+      out.append(None)
+      continue
+    tau, loss, batch = min(run, key=lambda r: abs(r[0] - point))
+    reached = next((t for t, base_loss, _ in base if base_loss <= loss), math.inf)
+    out.append((tau, loss, reached, batch))
+  return out
+
+
+def loss_matched_markdown(folders: list[str], baseline: str, points: list[float]) -> str:
+  """One row per run: loss → the baseline's progress at it (× the run's credited progress)."""
+  lines = ["| run | " + " | ".join(f"τ {p:,g}" for p in points) + " |",
+           "|---|" + "---|" * len(points)]
+  for folder in folders:
+    cells = [f"{m[1]:.3f}@{m[3]:,} → {m[2]:,.0f} ({m[2] / m[0]:.2f}x)" if m else ""
+             for m in loss_matched(folder, baseline, points)]
+    lines.append(f"| {folder} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def _numbers(parser, flag: str, text: str) -> list[float]:
   """The comma-separated numbers > 0 of `flag`, or the parser's error."""
   try:
@@ -164,7 +223,16 @@ def main():
   parser.add_argument("--climbs", action="store_true",
                       help="print each climb's batch share of the B_noise jump (grown runs) "
                            "instead of the law")
+  parser.add_argument("--loss-against", default=None, metavar="BASELINE",
+                      help="with --readings-at: each run's loss at the points, and the "
+                           "progress at which the baseline run BASELINE reached it")
   args = parser.parse_args()
+  if args.loss_against is not None:
+    if args.readings_at is None:
+      parser.error("--loss-against needs --readings-at (the progress points to read)")
+    points = _numbers(parser, "--readings-at", args.readings_at)
+    print(loss_matched_markdown(args.runs, args.loss_against, points))
+    return
   if args.climbs:
     print(climbs_markdown(args.runs))
     return

@@ -289,6 +289,36 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   assert table[2].startswith(f"| {tmp_path} | 1 | 200, 2.50x | {cheap['steps']:,}, ")
 
 
+def test_price_frontier_matches_a_run_s_loss_to_the_baseline_s_progress(tmp_path):
+  """The baseline's loss falls 0.001 a step (logged every 10 steps) and the run's falls 0.001
+  per 2 baseline steps of credited progress: at credited progress 400 the run's loss is
+  2 − 0.2 = 1.8, which the baseline reached at step 200 (ratio 0.5). A median over 5 rows of
+  a straight line is the centre row, so smoothing moves nothing but the ends (3 rows there)."""
+  frontier = _load_script("price_frontier")
+  recipe = {"planned": date.Recipe(batch_size=32, num_examples=32_000, num_epochs=1,
+                                   learning_rate=0.1, optimizer="sgd").to_dict()}
+
+  def write(name, rows):
+    os.makedirs(tmp_path / name)
+    with open(tmp_path / name / "recipe.json", "w") as f:
+      json.dump(recipe, f)
+    with open(tmp_path / name / "metrics.jsonl", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+
+  write("base", [{"step": s, "train/loss": 2 - 0.001 * s} for s in range(10, 1001, 10)])
+  write("run", [{"step": s, "train/loss": 2 - 0.0005 * 4 * s, "train/date/progress": 4.0 * s,
+                 "train/batch_size": 128} for s in range(5, 201, 5)])
+  matched = frontier.loss_matched(str(tmp_path / "run"), str(tmp_path / "base"), [400, 2000])
+  tau, loss, reached, batch = matched[0]
+  assert (tau, batch, reached) == (400.0, 128, 200.0) and loss == pytest.approx(1.8)
+  # Past its end: the run's last row (τ 800), whose window holds its last three rows
+  # (1.62, 1.61, 1.60): median 1.61, the baseline's at step 390.
+  assert matched[1][0] == 800.0 and matched[1][1] == pytest.approx(1.61)
+  assert matched[1][2] == pytest.approx(390.0)
+  table = frontier.loss_matched_markdown([str(tmp_path / "run")], str(tmp_path / "base"), [400])
+  assert table.splitlines()[2].endswith("| 1.800@128 → 200 (0.50x) |")
+
+
 def _load_script(name):
   import importlib.util  # pylint: disable=g-import-not-at-top
   path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", f"{name}.py")
