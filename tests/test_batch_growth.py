@@ -163,30 +163,32 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
 
 def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root_gain():
   """A plateau's measured noise scale is high: the batch climbs from its first look to
-  EARLY_RUNGS × B0 (256), at a gain held to √(B/B0), and the rest waits for the run to learn."""
-  tx = _engine((32, 64, 128, 256, 512), warmup=50)
+  EARLY_RUNGS × B0 (512), at a gain held to √(B/B0), and the rest waits for the run to learn."""
+  assert date.EARLY_RUNGS * 32 == 512
+  tx = _engine(date.batch_ladder(32, 1024), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen, gains = tx.init(params), jax.jit(tx.update), [], []
-  losses = [2.3] * 50 + [1.9] * 20 + [1.4] * 30
+  losses = [2.3] * 110 + [1.9] * 20 + [1.4] * 30
   for loss in losses:
     batch = int(date.next_batch_size(state))
     seen.append(batch)
     _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch),
                       value=loss)
     gains.append(float(state.gain))
-  assert date.EARLY_RUNGS * 32 == 256
-  # Looks at steps 20, 40, 60 (inside the 50-step warmup too): one rung each, up to 256.
-  assert seen[:20] == [32] * 20 and seen[20:40] == [64] * 20 and seen[40:80] == [128] * 20 + [256] * 20
-  # The measured gain at B_noise 1,000 is 1.94 / 3.76 / 7.10; held to √2, √4, √8.
-  for batch, gain in zip(seen[:77], gains[:77]):
+  # Looks at steps 20, 40, 60, 80 (inside the 50-step warmup too): one rung each, up to 512;
+  # those at 100 and 120 wait.
+  assert seen[:80] == [32] * 20 + [64] * 20 + [128] * 20 + [256] * 20
+  assert seen[80:140] == [512] * 60
+  # The measured gain at B_noise 1,000 is 1.94 / 3.76 / 7.10 / 10.9; held to √2, √4, √8, √16.
+  for batch, gain in zip(seen[:137], gains[:137]):
     assert gain == pytest.approx(min(np.sqrt(batch / 32), date.adascale_gain(1000.0, 32, batch)),
                                  rel=1e-6)
   # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
-  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 80 climbs to 512; the gain, free, rises
-  # at most GAIN_RISE a step from √8.
-  assert seen[80:] == [512] * 20
+  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024; the gain, free,
+  # rises at most GAIN_RISE a step from √16.
+  assert seen[140:] == [1024] * 20
   rise = 1 + date.GAIN_RISE
-  assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
+  assert gains[137:139] == pytest.approx([4 * rise, 4 * rise ** 2], rel=1e-6)
 
 
 def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
@@ -209,18 +211,18 @@ def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
 
 
 def test_the_early_climb_stops_below_the_largest_rung():
-  """A ladder that ends at EARLY_RUNGS × B0 (256): on the plateau the looks at steps 20 and 40
-  climb to 64 and 128, and the one at 60 does not take 256, which waits for the run to learn
-  (the growth rule then reads B_noise 1,000: 128 · 256 ≤ 256 · 1,000)."""
-  tx = _engine((32, 64, 128, 256), warmup=50)
+  """A ladder that ends at EARLY_RUNGS × B0 (512): on the plateau the looks at steps 20, 40 and
+  60 climb to 64, 128 and 256, and the one at 80 does not take 512, which waits for the run to
+  learn (the growth rule then reads B_noise 1,000: 256 · 512 ≤ 512 · 1,000)."""
+  tx = _engine(date.batch_ladder(32, 32 * date.EARLY_RUNGS), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen = tx.init(params), jax.jit(tx.update), []
-  for loss in [2.3] * 90 + [1.0] * 30:  # learnt (0.8 · 2.3) a few steps after step 90
+  for loss in [2.3] * 110 + [1.0] * 30:  # learnt (0.8 · 2.3) a few steps after step 110
     seen.append(int(date.next_batch_size(state)))
     _, state = update({"w": jnp.ones(2)}, state, params,
                       grad_sq_norms=_sq_norms(1000.0, seen[-1]), value=loss)
-  assert seen[:20] == [32] * 20 and seen[20:40] == [64] * 20 and seen[40:100] == [128] * 60
-  assert seen[100:] == [256] * 20  # the look at step 100, after the run has learnt
+  assert seen[:60] == [32] * 20 + [64] * 20 + [128] * 20 and seen[60:120] == [256] * 60
+  assert seen[120:] == [512] * 20  # the look at step 120, after the run has learnt
 
 
 @pytest.mark.parametrize("wobble, first_climb", [(0.5, 100), (0.55, 100), (0.7, 200)])
