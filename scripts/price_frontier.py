@@ -36,7 +36,8 @@ the progress each stretch covered (notes/batch_growth.md, twenty-first session):
 run's training loss nearest each progress point (a median over 5 logged rows), and the
 progress at which the baseline's run reached that loss (its first logged median at or below
 it). A ratio above 1: the run is ahead of its credit (notes/batch_growth.md, twenty-second
-session):
+session). Read it early in the run: once the baseline's logged loss (one small batch's) sits
+at its noise floor, every later match saturates there:
 
   python scripts/price_frontier.py docs/growth_study/fixed_hold/runs/lstm_adaptive_*_seed0 \
       --readings-at 200,400,800,1600,3200 \
