@@ -162,10 +162,11 @@ GROWTH_INTERVAL = 20
 # Before the run has learnt, a growing batch may climb to this many times its first rung, from
 # its first look (the warmup does not wait), with the gain held to √(B/B0). At the baseline's
 # batch the study LSTM sat ~240 steps on its chance plateau, where a batch of 2,048 reads a
-# resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md). 16, not 8: a run
-# that leaves the plateau at 256 is 1.2-1.6x ahead of its credited progress in loss at τ 200-400,
-# one at 512 and up 1.5-2.8x, and the grown LSTM at 32x seed 0 stalled at 256 behind the fixed
-# 16x runs (twenty-second session); the fixed runs hold √k up to 8 there. The largest rung is
+# resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md). 16, not 8: at τ
+# 200-400 the grown runs, climbing through 256, were 1.2-1.6x ahead of their credited progress in
+# loss, the fixed runs, at their batch from the first step, 1.3-2.8x, and the grown LSTM at 32x
+# seed 0 stalled at 256 behind the fixed 16x runs (twenty-second session); the fixed runs hold
+# √k, up to 8, there. The largest rung is
 # never an early one: it is earned by the growth rule on a run that has learnt (a ladder whose
 # early climb ended on it was a fixed batch from step 60, and cost the study LSTM at 8x 0.10x
 # the baseline's examples).
