@@ -33,17 +33,15 @@ from typing import Any, Callable, Iterable
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 
-from dateopt import date
+from dateopt import date, train
 from dateopt.configs import load as load_config
+from dateopt.train import steps
 
 _SUMS = ("trace", "grad_sq", "trace_h", "grad_h_grad")
-
-
-def _dot(a: Any, b: Any) -> jax.Array:
-  return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
-                                             strict=True))
+_vdot = optax.tree_utils.tree_vdot
 
 
 def batch_sums(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: Any,
@@ -66,12 +64,12 @@ def batch_sums(loss_fn: Callable[[Any, Any], jax.Array], params: Any, batch: Any
   trace = trace_h = 0.0
   for i in range(num_groups):
     xi = jax.tree.map(lambda g, m: g[i] - m, group_grads, mean)
-    trace += float(_dot(xi, xi))
-    trace_h += float(_dot(xi, hvp(xi)))
+    trace += float(_vdot(xi, xi))
+    trace_h += float(_vdot(xi, hvp(xi)))
   scale = group_size / (num_groups - 1)
   trace, trace_h = trace * scale, trace_h * scale
-  return {"trace": trace, "grad_sq": float(_dot(mean, mean)) - trace / size,
-          "trace_h": trace_h, "grad_h_grad": float(_dot(mean, hvp(mean))) - trace_h / size}
+  return {"trace": trace, "grad_sq": float(_vdot(mean, mean)) - trace / size,
+          "trace_h": trace_h, "grad_h_grad": float(_vdot(mean, hvp(mean))) - trace_h / size}
 
 
 def noise_scales(loss_fn: Callable[[Any, Any], jax.Array], params: Any,
@@ -87,8 +85,8 @@ def noise_scales(loss_fn: Callable[[Any, Any], jax.Array], params: Any,
 
 
 def _loss_fn(model, batch_stats: Any) -> Callable[[Any, Any], jax.Array]:
-  """The training loss at `params` (batch normalisation, if any, over the call's batch)."""
-  from dateopt.train import steps  # the trainer's own model call and cross-entropy
+  """The training loss at `params` (batch normalisation, if any, over the call's batch), with
+  the trainer's own model call and cross-entropy."""
 
   def loss_fn(params, batch):
     logits, _ = steps.apply_model(model, params, batch_stats, inputs=batch["inputs"],
@@ -122,7 +120,6 @@ def main():
       parser.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
   if args.groups < 2:
     parser.error(f"--groups must be >= 2; got {args.groups}")
-  from dateopt import train
   exp = train.build_experiment(load_config(args.config))
   size = args.groups * args.group_size
   batches = [{key: jnp.asarray(value) for key, value in

@@ -166,10 +166,9 @@ GROWTH_INTERVAL = 20
 # 200-400 the grown runs, climbing through 256, were 1.2-1.6x ahead of their credited progress in
 # loss, the fixed runs, at their batch from the first step, 1.3-2.8x, and the grown LSTM at 32x
 # seed 0 stalled at 256 behind the fixed 16x runs (twenty-second session); the fixed runs hold
-# √k, up to 8, there. The largest rung is
-# never an early one: it is earned by the growth rule on a run that has learnt (a ladder whose
-# early climb ended on it was a fixed batch from step 60, and cost the study LSTM at 8x 0.10x
-# the baseline's examples).
+# √k, up to 8, there. The largest rung is never an early one: it is earned by the growth rule
+# on a run that has learnt (a ladder whose early climb ended on it was a fixed batch from step
+# 60, and cost the study LSTM at 8x 0.10x the baseline's examples).
 EARLY_RUNGS = 16
 
 
