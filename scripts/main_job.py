@@ -54,7 +54,7 @@ FIXED_BATCH_STEP_BAR = {16: 1 / 4, 64: 1 / 10}
 
 
 def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
-             gain_rule: str = "linear", grow_to: list[int] = ()):
+             gain_rule: str = "linear", grow_to: list[int] = (), eval_every_steps: int = 15):
   """(name, config) of every run: the baseline, static and adaptive per scale, then grown."""
   def config_for(batch_size, strategy, grow_batch=False):
     config = load_config(config_path)
@@ -64,8 +64,8 @@ def variants(config_path: str, scales: list[int], seed: int, progress_bar: bool,
     config.batch_size = batch_size
     if strategy == "adaptive":
       config.plan = dict(config.plan.to_dict(), gain_rule=gain_rule, grow_batch=grow_batch)
-    if batch_size is not None:  # ~1 eval per 15 steps: a curve without paying for eval
-      config.eval_every_steps = 15
+    if batch_size is not None:  # a curve without paying much for eval
+      config.eval_every_steps = eval_every_steps
     return config
 
   base_batch = load_config(config_path).baseline.batch_size
@@ -110,7 +110,16 @@ def run_one(name: str, config, workdir: str, noise_scale: float | list[float] | 
       "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
       "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
       "steps_per_second": result.steps_per_second,
+      **language_model_fields(result),
   }
+
+
+def language_model_fields(result) -> dict:
+  """A text workload's row fields: tokens, validation loss (nats) and bits per byte."""
+  if result.tokens is None:
+    return {}
+  return {"tokens": result.tokens, "eval_loss": result.eval_metrics["loss"],
+          "bits_per_byte": result.eval_metrics.get("bits_per_byte", float("nan"))}
 
 
 def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) -> dict:
@@ -119,6 +128,7 @@ def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) ->
   rows = read_metrics(workdir)
   logged = [r for r in rows if "examples_seen" in r]
   last = logged[-1] if logged else {"step": 0, "examples_seen": 0}
+  last = {k.removeprefix("train/"): v for k, v in last.items()}
   batches = [r["train/batch_size"] for r in rows if "train/batch_size" in r]
   return {
       "run": name, "workdir": workdir, "batch": config.batch_size, "steps": last["step"],
@@ -127,7 +137,9 @@ def stopped_row(name: str, config, workdir: str, reason: str, seconds: float) ->
       "grows": bool(config.plan.get("grow_batch", False)), "epochs": float("nan"),
       "examples_vs_baseline": float("nan"),  # set against the baseline's row by run_job
       "accuracy": float("nan"), "wall_seconds": seconds, "guard_skipped": 0,
-      "guard_lr_multiplier": 1.0, "steps_per_second": float("nan"), "stopped": reason}
+      "guard_lr_multiplier": 1.0, "steps_per_second": float("nan"), "stopped": reason,
+      **({"tokens": last["tokens_seen"], "eval_loss": float("nan"),
+          "bits_per_byte": float("nan")} if "tokens_seen" in last else {})}
 
 
 def _stopped_count(rows: list[dict]) -> int:
@@ -138,7 +150,14 @@ def _accuracy_cell(row: dict) -> str:
   return "stopped (diverged)" if row.get("stopped") else f"{100 * row['accuracy']:.2f}%"
 
 
+def is_language_model(rows: list[dict]) -> bool:
+  """Whether the job's runs are a text workload's (their data counted in tokens)."""
+  return "tokens" in rows[0]
+
+
 def markdown_table(rows: list[dict]) -> str:
+  if is_language_model(rows):
+    return language_model_table(rows)
   baseline = rows[0]
   lines = ["| run | batch | steps | predicted steps | examples (epochs) | examples × baseline "
            "| eval accuracy | wall s | steps saved vs baseline | guard skips |",
@@ -156,6 +175,26 @@ def markdown_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def language_model_table(rows: list[dict]) -> str:
+  """The text workload's table: steps, tokens, validation loss and bits per byte, wall time."""
+  baseline = rows[0]
+  lines = ["| run | batch | steps | predicted steps | tokens | tokens × baseline "
+           "| validation loss (nats) | bits per byte | wall s | steps saved vs baseline "
+           "| guard skips |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    predicted = "" if r["predicted_steps"] is None else f"{r['predicted_steps']:,}"
+    saved = "" if r is baseline else f"{1 - r['steps'] / baseline['steps']:.1%}"
+    batch = (f"{baseline['batch']:,} → {r['largest_batch']:,} (max {r['batch']:,})"
+             if r["grows"] else f"{r['batch']:,}")
+    quality = ("stopped (diverged) | " if r.get("stopped")
+               else f"{r['eval_loss']:.4f} | {r['bits_per_byte']:.3f}")
+    lines.append(
+        f"| {r['run']} | {batch} | {r['steps']:,} | {predicted} | {r['tokens']:,} "
+        f"| {r['tokens'] / baseline['tokens']:.2f} | {quality} | {r['wall_seconds']:.0f} "
+        f"| {saved} | {r['guard_skipped']} |")
+  return "\n".join(lines)
+
+
 def run_job(args, seed: int, workdir: str) -> dict:
   """Every run of the comparison for one seed in `workdir`; its results (also written there)."""
   scales = [int(s) for s in args.scales.split(",") if s]
@@ -163,7 +202,7 @@ def run_job(args, seed: int, workdir: str) -> dict:
   started = time.perf_counter()
   rows, measured = [], []
   for name, config in variants(args.config, scales, seed, not args.no_progress,
-                               args.gain_rule, grow_to):
+                               args.gain_rule, grow_to, args.eval_every_steps):
     run_dir = os.path.join(workdir, name.replace(" ", "_"))
     noise = None
     if measured and config.strategy == "adaptive":  # DATE predicts from the whole profile
@@ -190,9 +229,15 @@ def run_job(args, seed: int, workdir: str) -> dict:
   _write(os.path.join(workdir, "results.md"), summary + "\n")
   _write(os.path.join(workdir, "results.json"), json.dumps(results, indent=2))
   curves = {r["run"]: r["workdir"] for r in rows}
-  title = f"{os.path.basename(args.config)}: eval accuracy (seed {seed})"
-  for path in filter(None, [os.path.join(workdir, "eval_accuracy.png"), args.figure]):
-    plots.plot_eval_curves(curves, path, title=title)
+  if is_language_model(rows):  # validation loss against steps and against tokens
+    title = f"{os.path.basename(args.config)}: validation loss (seed {seed})"
+    figure = dict(key="eval/loss", x=("step", "eval/tokens_seen"))
+    name = "eval_loss.png"
+  else:
+    title = f"{os.path.basename(args.config)}: eval accuracy (seed {seed})"
+    figure, name = {}, "eval_accuracy.png"
+  for path in filter(None, [os.path.join(workdir, name), args.figure]):
+    plots.plot_eval_curves(curves, path, title=title, **figure)
     print(f"wrote {path}")
   return results
 
@@ -223,6 +268,8 @@ def seeds_table(per_seed: list[dict]) -> str:
   seeds = ",".join(str(s["seed"]) for s in per_seed)
   names = [r["run"] for r in per_seed[0]["runs"]]
   by_name = {n: [next(r for r in s["runs"] if r["run"] == n) for s in per_seed] for n in names}
+  if is_language_model(per_seed[0]["runs"]):
+    return language_model_seeds_table(by_name, seeds)
   lines = [f"| run ({len(per_seed)} seeds: {seeds}) | batch | eval accuracy | steps "
            f"| predicted steps | examples × baseline | guard skips (total) |",
            "|---|---:|---:|---:|---:|---:|---:|"]
@@ -239,6 +286,50 @@ def seeds_table(per_seed: list[dict]) -> str:
                  f"| {steps:,.0f} ± {steps_sd:,.0f} | {shown} | {examples:.2f} "
                  f"| {sum(r['guard_skipped'] for r in rows)} |")
   return "\n".join(lines + [""] + bar_lines(by_name))
+
+
+def language_model_seeds_table(by_name: dict[str, list[dict]], seeds: str) -> str:
+  """Mean ± std over seeds of the validation loss, steps and tokens, and the LM bars."""
+  count = len(next(iter(by_name.values())))
+  lines = [f"| run ({count} seeds: {seeds}) | batch | validation loss (nats) | bits per byte "
+           f"| steps | tokens × baseline | guard skips (total) |",
+           "|---|---:|---:|---:|---:|---:|---:|"]
+  base_tokens = statistics.mean(r["tokens"] for r in by_name["baseline"])
+  for name, rows in by_name.items():
+    stopped = _stopped_count(rows)
+    quality = f"stopped (diverged) in {stopped} of {len(rows)} | "
+    if not stopped:
+      quality = "{:.4f} ± {:.4f} | ".format(*_mean_std([r["eval_loss"] for r in rows]))
+      quality += f"{statistics.mean(r['bits_per_byte'] for r in rows):.3f}"
+    steps, steps_sd = _mean_std([r["steps"] for r in rows])
+    tokens = statistics.mean(r["tokens"] for r in rows) / base_tokens
+    lines.append(f"| {name} | {rows[0]['batch']:,} | {quality} | {steps:,.0f} ± {steps_sd:,.0f} "
+                 f"| {tokens:.2f} | {sum(r['guard_skipped'] for r in rows)} |")
+  return "\n".join(lines + [""] + language_model_bar_lines(by_name))
+
+
+def language_model_bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
+  """DATE's runs against the text workload's bar, on the means over seeds: validation loss
+  within 1% of the baseline's (or lower), ≤ 1/8 of its steps, a grown batch ≤ 2.5× its tokens."""
+  base_loss = statistics.mean(r["eval_loss"] for r in by_name["baseline"])
+  base_steps = statistics.mean(r["steps"] for r in by_name["baseline"])
+  base_tokens = statistics.mean(r["tokens"] for r in by_name["baseline"])
+  lines = []
+  for name, rows in by_name.items():
+    if not name.startswith("DATE adaptive"):
+      continue
+    bar = "≤ +1% loss, ≤ 0.125 of the steps" + (", ≤ 2.5× the tokens" if rows[0]["grows"] else "")
+    if _stopped_count(rows):
+      lines.append(f"- {name}: stopped by the divergence watch in {_stopped_count(rows)} of "
+                   f"{len(rows)} seeds (bar: {bar}): NOT met")
+      continue
+    loss = statistics.mean(r["eval_loss"] for r in rows) / base_loss - 1
+    fraction = statistics.mean(r["steps"] for r in rows) / base_steps
+    tokens = statistics.mean(r["tokens"] for r in rows) / base_tokens
+    met = loss <= 0.01 and fraction <= 1 / 8 and (tokens <= 2.5 or not rows[0]["grows"])
+    lines.append(f"- {name}: validation loss {loss:+.2%} vs the baseline, {fraction:.3f} of its "
+                 f"steps, {tokens:.2f}× its tokens (bar: {bar}): {'met' if met else 'NOT met'}")
+  return lines
 
 
 def bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
@@ -290,6 +381,8 @@ def main():
                            "<workdir>/<gain rule>/seed<N>, then mean ± std and the bars")
   parser.add_argument("--gain-rule", default="linear", choices=["linear", "sqrt"],
                       help="DATE adaptive's LR rule: × r_t or × √r_t")
+  parser.add_argument("--eval-every-steps", type=int, default=15,
+                      help="the large-batch runs' eval cadence (the baseline keeps its config's)")
   parser.add_argument("--figure", default=None, help="also save the PNG here")
   parser.add_argument("--no-progress", action="store_true")
   args = parser.parse_args()

@@ -127,7 +127,7 @@ def test_unknown_dataset_lists_the_allowed_names():
   with pytest.raises(ValueError, match="mnist1d.*imagenet2012.*fake_images"):
     get_dataset("cifar10")
   assert set(DATASET_NAMES) == {"mnist1d", "digits", "mnist", "imagenet2012", "ptb",
-                                "fake_images"}
+                                "shakespeare", "text_files", "tfds_text", "fake_images"}
 
 
 def test_bad_argument_names_the_field():

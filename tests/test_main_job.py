@@ -89,6 +89,39 @@ def test_several_seeds_give_mean_and_std_and_each_bar_on_the_means(tmp_path):
           "examples): NOT met") in table
 
 
+def _lm_row(run, loss, steps, tokens, grows=False, batch=64):
+  return dict(_row(run, 0.5, steps, tokens / 100_000, grows, batch), tokens=tokens,
+              eval_loss=loss, bits_per_byte=loss / math.log(2), largest_batch=batch,
+              examples=tokens // 128, epochs=0.4, wall_seconds=10.0)
+
+
+def test_a_language_model_job_reads_validation_loss_and_tokens_against_its_bar():
+  job = _main_job_module()
+  per_seed = [
+      {"seed": 0, "runs": [_lm_row("baseline", 2.00, 1000, 100_000, batch=4),
+                           _lm_row("DATE adaptive 16x", 2.01, 120, 190_000),
+                           _lm_row("DATE adaptive, batch grown to 64x", 2.00, 100, 240_000,
+                                   True, 256)]},
+      {"seed": 1, "runs": [_lm_row("baseline", 2.02, 1000, 100_000, batch=4),
+                           _lm_row("DATE adaptive 16x", 2.05, 130, 210_000),
+                           _lm_row("DATE adaptive, batch grown to 64x", 2.01, 110, 270_000,
+                                   True, 256)]},
+  ]
+  table = job.seeds_table(per_seed)
+  # Hand arithmetic: baseline 2.01 nats; 16x 2.03 (+1.00%) in 125 steps at 2.00x the tokens.
+  assert "| baseline | 4 | 2.0100 ± 0.0141 | 2.900 | 1,000 ± 0 | 1.00 | 0 |" in table
+  assert ("- DATE adaptive 16x: validation loss +1.00% vs the baseline, 0.125 of its steps, "
+          "2.00× its tokens (bar: ≤ +1% loss, ≤ 0.125 of the steps): met") in table
+  # Grown: 2.005 (-0.25%), 0.105 of the steps, 2.55x > 2.5x the tokens: missed.
+  assert ("- DATE adaptive, batch grown to 64x: validation loss -0.25% vs the baseline, 0.105 "
+          "of its steps, 2.55× its tokens (bar: ≤ +1% loss, ≤ 0.125 of the steps, ≤ 2.5× the "
+          "tokens): NOT met") in table
+  one_seed = job.markdown_table(per_seed[0]["runs"])
+  assert one_seed.splitlines()[0].startswith("| run | batch | steps | predicted steps | tokens |")
+  assert "| DATE adaptive 16x | 64 | 120 | 120 | 190,000 | 1.90 | 2.0100 | 2.900 | 10 | 88.0% |" in one_seed
+  assert "| DATE adaptive, batch grown to 64x | 4 → 256 (max 256) | 100 |" in one_seed
+
+
 def test_a_stopped_run_is_a_row_and_misses_its_bar(tmp_path):
   job = _main_job_module()
   stopped = dict(_row("DATE adaptive, batch grown to 16x", float("nan"), 520, 0.9, True),

@@ -87,7 +87,7 @@ def test_type_error_inside_a_builder_is_not_relabelled(monkeypatch):
 
 def test_model_names():
   assert set(MODEL_NAMES) == {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-                              "resnet_tiny", "lstm_classifier", "lstm_lm"}
+                              "resnet_tiny", "lstm_classifier", "lstm_lm", "transformer_lm"}
 
 
 # ---------------------------------------------------------------- ResNet

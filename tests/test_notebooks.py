@@ -26,7 +26,8 @@ from nbclient import NotebookClient
 pytestmark = pytest.mark.slow
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOKS = ("quickstart.ipynb", "large_batch_mnist1d.ipynb", "resnet50_tpu.ipynb")
+NOTEBOOKS = ("quickstart.ipynb", "large_batch_mnist1d.ipynb", "resnet50_tpu.ipynb",
+             "transformer_lm_shakespeare.ipynb")
 CELL_TIMEOUT_S = 300  # per cell: a compile on a loaded 2-core machine, with room to spare
 COLAB_URL = re.compile(r"https://colab\.research\.google\.com/github/"
                        r"(?P<repo>[\w.-]+/[\w.-]+)/blob/main/(?P<path>notebooks/[\w.-]+\.ipynb)")

@@ -155,6 +155,39 @@ def test_summary_tables_and_bar_by_hand(tmp_path):
   assert lines[2]["steps_to_target"] == "60" and lines[3]["steps_to_target"] == ""
 
 
+def _lm_row(strategy, k, seed, loss, steps, grows=False):
+  row = _row(strategy, k, seed, 0.5, steps, [(steps, 0.5)])
+  tokens_per_step = 32 * k * 128 // (4 if grows else 1)  # a grown run's mean batch: k/4
+  return dict(row, final_loss=loss, final_bits_per_byte=loss / math.log(2),
+              tokens=steps * tokens_per_step, eval_loss=[loss])
+
+
+def test_language_model_report_by_hand():
+  rows = [_lm_row("baseline", 1, 0, 2.00, 1000), _lm_row("baseline", 1, 1, 2.02, 1000),
+          _lm_row("adaptive", 16, 0, 2.015, 120), _lm_row("adaptive", 16, 1, 2.025, 120),
+          _lm_row("adaptive_grow", 64, 0, 2.00, 100, grows=True),
+          _lm_row("legw", 16, 0, 2.30, 63)]
+  summary = {(e["strategy"], e["multiple"]): e for e in study.summarize(rows)}
+  fixed = summary[("adaptive", 16)]
+  assert fixed["loss"] == pytest.approx(2.02) and fixed["worst_loss"] == 2.025
+  assert fixed["tokens"] == 120 * 32 * 16 * 128
+  text = study.language_model_report(list(summary.values()))
+  # Baseline 2.01 nats in 1,000 steps. Fixed 16x: 2.02 (+0.50%) in 120 steps (0.120 <= 1/8),
+  # 1.92x the tokens: met. Grown: 2.00 (-0.50%) in 100 steps at 100 * 16 / 1000 = 1.60x the
+  # tokens: met. LEGW has no bar.
+  assert ("| DATE adaptive | 512 (16x) | 2 | 2.0200 ± 0.0071 | +0.50% | +0.75% | 2.914 | 120 "
+          "| 0.120 | 1.92 | met |") in text
+  assert "| DATE adaptive, batch grown | 2,048 (64x) | 1 | 2.0000 ± 0.0000 | -0.50% " in text
+  assert text.splitlines()[-2].endswith("| 1.60 | met |")
+  assert text.splitlines()[-1].endswith("| 0.063 | 1.01 |  |")
+  # Over the loss bar by a hair: NOT met.
+  rows[2], rows[3] = _lm_row("adaptive", 16, 0, 2.031, 120), _lm_row("adaptive", 16, 1, 2.031, 120)
+  text = study.language_model_report(study.summarize(rows))
+  assert "| +1.04% | +1.04% | 2.930 | 120 | 0.120 | 1.92 | NOT met |" in text
+  # A classifier's rows have no loss: no section.
+  assert study.language_model_report(study.summarize(_rows())) == ""
+
+
 def test_growth_report_by_hand():
   rows = _rows()[:2] + [
       _row("adaptive", 16, 0, 0.97, 200, [(200, 0.97)]),     # 200 steps, 102,400 examples

@@ -429,6 +429,14 @@ class Dataset:
   def num_eval_examples(self) -> int:
     return len(self.eval_source)
 
+  @property
+  def tokens_per_example(self) -> int | None:
+    """Tokens one example trains on (a language model's window); None for classifiers.
+
+    A text workload counts its data in tokens: examples x this.
+    """
+    return int(np.prod(self.input_shape)) if self.task == "language_model" else None
+
   def steps_per_epoch(self, global_batch_size: int) -> int:
     """Full global batches per epoch (the last partial batch is dropped).
 

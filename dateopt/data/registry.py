@@ -6,25 +6,28 @@ from typing import Any, Callable
 
 from dateopt.data.base import Dataset
 from dateopt.data.offline import build_digits, build_fake_images, build_mnist1d
-from dateopt.data.text import build_ptb
+from dateopt.data.text import build_ptb, build_shakespeare, build_text_files, build_tfds_text
 from dateopt.data.tfds_sources import build_imagenet2012, build_mnist
 from dateopt.validation import check_choice
 
 
-# tfds_sources imports tensorflow-datasets, grain and PIL only inside its builders,
-# so they load only when a TFDS dataset is asked for.
+# tfds_sources (and text, for tfds_text) import tensorflow-datasets, grain and PIL only
+# inside their builders, so they load only when a TFDS dataset is asked for.
 _BUILDERS: dict[str, Callable[..., Dataset]] = {
     "mnist1d": build_mnist1d,
     "digits": build_digits,
     "mnist": build_mnist,
     "imagenet2012": build_imagenet2012,
     "ptb": build_ptb,
+    "shakespeare": build_shakespeare,
+    "text_files": build_text_files,
+    "tfds_text": build_tfds_text,
     "fake_images": build_fake_images,
 }
 DATASET_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 
-def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dataset:
+def get_dataset(name: str, /, *, data_dir: str | None = None, **kwargs: Any) -> Dataset:
   """Builds a dataset by name; missing files fail here, before any model compiles.
 
   Names and their keyword arguments:
@@ -44,15 +47,29 @@ def get_dataset(name: str, *, data_dir: str | None = None, **kwargs: Any) -> Dat
       core), `prefetch_examples` (512).
     - "ptb": PTB-format text files in `data_dir`: `seq_len` (35),
       `eval_split` ("valid" or "test").
+    - "shakespeare": the 42 Gutenberg works of Shakespeare as UTF-8 bytes
+      (256 classes, a 0 byte ends each work), prepared once by `python
+      scripts/prepare_data.py shakespeare` into `data_dir`
+      (~/.cache/dateopt/shakespeare): `seq_len` (128), `eval_share` (0.1 of
+      the works held out, chosen by name hash). Inputs (seq_len,) int32.
+    - "text_files": every file matching `pattern` ("*.txt") under `data_dir`
+      (recursively) as one document of bytes, as "shakespeare": `seq_len`
+      (128), `eval_share` (0.1), `pattern`.
+    - "tfds_text": a prepared TFDS text dataset as bytes, one record one
+      document, tfds's own splits: `name` (e.g. "tiny_shakespeare", "lm1b"),
+      `seq_len` (128), `train_split` ("train"), `eval_split` ("validation"),
+      `text_key` ("text").
     - "fake_images": random images for benchmarks: `image_shape`,
       `num_classes`, `num_train_examples`, `num_eval_examples`, `pool_size`,
       `uint8` (False: float32 that looks normalised; True: uint8 pixels the
       model normalises, as imagenet2012's).
 
   Args:
-    name: one of `DATASET_NAMES`.
-    data_dir: where the data lives (TFDS data dir, PTB directory, MNIST-1D
-      cache); None for each dataset's default. Ignored by digits and fake_images.
+    name: one of `DATASET_NAMES` (positional only, so "tfds_text" can take
+      its own `name=`).
+    data_dir: where the data lives (TFDS data dir, PTB or text directory,
+      MNIST-1D or Shakespeare cache); None for each dataset's default.
+      Ignored by digits and fake_images.
     **kwargs: dataset-specific arguments, listed above; passed straight to
       the dataset's builder.
 

@@ -3,9 +3,10 @@
 Every model is called as
 `model.apply(variables, inputs, train=..., mutable=[...], rngs={"dropout": key})`
 and returns float32 logits: (B, num_classes) for classifiers, (B, T, vocab)
-for the language model. ResNets keep batch-norm statistics in the
+for the language models. ResNets keep batch-norm statistics in the
 "batch_stats" collection (`mutable=["batch_stats"]` when `train=True`); the
-LSTMs have none, and the language model draws dropout from the "dropout" rng.
+LSTMs and the Transformer have none, and the language models draw dropout from
+the "dropout" rng.
 
 This package is independent of `dateopt.data` and `dateopt.train` and never
 imports TensorFlow, tensorflow-datasets or grain.
@@ -45,6 +46,11 @@ from dateopt.models.resnet import (
     ResNet,
     make_resnet,
 )
+from dateopt.models.transformer import (
+    TRANSFORMER_PRESETS,
+    TransformerLM,
+    make_transformer_lm,
+)
 from dateopt.validation import check_choice
 
 
@@ -53,6 +59,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     **{name: functools.partial(make_resnet, name) for name in RESNET_CONFIGS},
     "lstm_classifier": make_lstm_classifier,
     "lstm_lm": make_lstm_lm,
+    "transformer_lm": make_transformer_lm,
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
@@ -78,10 +85,19 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
       shapes are ptb_small's), `hidden_size`, `num_layers`, `dropout`,
       `init_scale`, `tie_embeddings` (False). Explicit kwargs override the
       preset. The preset's unrolled length is `PTB_PRESETS[preset]["seq_len"]`.
+    - "transformer_lm": decoder-only Transformer (GPT-2 shape); `vocab_size`
+      (or `num_classes`), `preset` ("tiny", "char_small", "gpt2_small"; default
+      shapes are char_small's), `num_layers`, `num_heads`, `embed_dim`,
+      `mlp_dim`, `max_len` (the context length), `norm` ("layernorm",
+      "rmsnorm"), `mlp` ("gelu", "swiglu"), `positions` ("learned", "rotary"),
+      `dropout`, `tie_embeddings` (True), `use_bias` (True),
+      `attention_implementation` (None/"xla", or "cudnn" for the fused GPU
+      kernel). Explicit kwargs override the preset; `TRANSFORMER_PRESETS` holds
+      the presets' fields.
 
   Args:
     name: one of `MODEL_NAMES`.
-    num_classes: classifier outputs (the vocabulary size for "lstm_lm").
+    num_classes: classifier outputs (the vocabulary size for the language models).
     dtype: compute dtype: float32, bfloat16 or float16 (or their names).
       Parameters and batch-norm statistics stay float32.
     **kwargs: model-specific fields, listed above; passed straight to the
@@ -100,6 +116,7 @@ def create_model(name: str, *, num_classes: int | None = None, dtype: Any = jnp.
     >>> model = create_model("resnet50", num_classes=1000, dtype=jnp.bfloat16,
     ...                      bn_group_size=32)
     >>> lm = create_model("lstm_lm", preset="ptb_small", vocab_size=10_000)
+    >>> gpt = create_model("transformer_lm", preset="gpt2_small", vocab_size=50257)
   """
   check_choice("model name", name, MODEL_NAMES)
   return _BUILDERS[name](num_classes=num_classes, dtype=_compute_dtype(dtype), **kwargs)
@@ -127,9 +144,12 @@ __all__ = [
     "PTB_PRESETS",
     "RESNET_CONFIGS",
     "ResNet",
+    "TRANSFORMER_PRESETS",
+    "TransformerLM",
     "create_model",
     "make_lstm_classifier",
     "make_lstm_lm",
     "make_resnet",
+    "make_transformer_lm",
     "symmetric_uniform",
 ]

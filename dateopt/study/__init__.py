@@ -51,6 +51,7 @@ from dateopt.study.report import (
     baseline_target,
     dominated,
     growth_report,
+    language_model_report,
     law_report,
     markdown_report,
     prediction_report,
@@ -68,7 +69,7 @@ __all__ = [
     "ADAPTIVE_STRATEGIES", "BAR_TOLERANCE", "DEFAULT_STRATEGIES", "MULTIPLES", "STATIC_RULES",
     "STRATEGIES", "Cell", "Study", "bar_check", "baseline_target", "cell_config", "dominated",
     "effective_noise_scale", "filled_profile", "finite_median", "grid", "growth_report",
-    "law_report", "markdown_report", "measured_noise_scales", "prediction_report",
+    "language_model_report", "law_report", "markdown_report", "measured_noise_scales", "prediction_report",
     "profile_report", "progress_profile", "read_as_largest", "read_run", "run_cell",
     "steps_to_target", "summarize", "write_csv",
 ]

@@ -34,6 +34,7 @@ from dateopt.study.runner import Study
 WORKLOADS = {
     "lstm": "study_mnist1d_lstm",
     "resnet": "study_mnist1d_resnet",
+    "lm": "lm_shakespeare",
 }
 QUICK_MULTIPLES = (1, 4)
 QUICK_BASE_STEPS = 300  # the baseline's steps in --quick (its schedule shrunk in time)
@@ -128,6 +129,9 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   summary = report_lib.summarize(rows)
   report_lib.write_csv(rows, os.path.join(outdir, "results.csv"))
   text = report_lib.markdown_report(summary)
+  language_models = report_lib.language_model_report(summary)
+  if language_models:
+    text = "### Language models: validation loss\n\n" + language_models + "\n\n" + text
   machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
   profiles = report_lib.profile_report(runner, rows)
   if profiles:

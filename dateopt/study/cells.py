@@ -244,4 +244,16 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
       "noise_scale_median": finite_median(noise),
       "noise_scales": noise if cell.strategy == "baseline" else [],
       "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
+      **language_model_row(result, metric_rows),
   }
+
+
+def language_model_row(result, metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """A text workload's row fields: the final validation loss (nats), bits per byte where a
+  token is a byte, the tokens trained on, and the validation loss curve; {} for a classifier."""
+  if result.tokens is None:
+    return {}
+  _, eval_loss = plots.metric_curve(metric_rows, "eval/loss")
+  return {"final_loss": float(result.eval_metrics["loss"]),
+          "final_bits_per_byte": float(result.eval_metrics.get("bits_per_byte", math.nan)),
+          "tokens": result.tokens, "eval_loss": eval_loss}

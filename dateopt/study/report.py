@@ -84,9 +84,66 @@ def summarize(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLERANC
         "guard_skipped": sum(r["guard_skipped"] for r in members),
         "noise_scale_median": finite_median(
             v for r in members for v in r.get("noise_scales") or []),
+        **_loss_summary(members),
     })
   return sorted(out, key=lambda e: (e["workload"], list(STRATEGIES).index(e["strategy"]),
                                     e["multiple"]))
+
+
+def _loss_summary(members: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """A text workload's validation loss (mean, std, worst seed), bits per byte and tokens."""
+  if any("final_loss" not in r for r in members):
+    return {}
+  loss, loss_std = _mean_std([r["final_loss"] for r in members])
+  return {"loss": loss, "loss_std": loss_std, "worst_loss": max(r["final_loss"] for r in members),
+          "bits_per_byte": statistics.mean(r["final_bits_per_byte"] for r in members),
+          "tokens": statistics.mean(r["tokens"] for r in members)}
+
+
+# A text workload's bar: DATE's validation loss within LOSS_TOLERANCE of the baseline's, in
+# ≤ 1/8 of its steps; a grown batch also in ≤ 2.5x its tokens.
+LOSS_TOLERANCE = 0.01
+STEP_SHARE_BAR = 1 / 8
+GROWN_TOKENS_BAR = 2.5
+
+
+def language_model_report(summary: Sequence[Mapping[str, Any]]) -> str:
+  """Per text workload: validation loss (nats, mean ± std over seeds), bits per byte, steps
+  and tokens against the baseline's, per strategy and k, with DATE's cells against the bar."""
+  sections = []
+  for workload in sorted({e["workload"] for e in summary if "loss" in e}):
+    entries = [e for e in summary if e["workload"] == workload and "loss" in e]
+    baseline = next((e for e in entries if e["strategy"] == "baseline"), None)
+    if baseline is None:
+      continue
+    lines = ["| strategy | batch (k) | seeds | validation loss (nats) | vs baseline | worst seed "
+             "| bits per byte | steps | steps × baseline | tokens × baseline | bar |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for e in entries:
+      lines.append(
+          f"| {STRATEGIES[e['strategy']]} | {e['batch']:,} ({e['multiple']}x) | {e['seeds']} "
+          f"| {e['loss']:.4f} ± {e['loss_std']:.4f} | {e['loss'] / baseline['loss'] - 1:+.2%} "
+          f"| {e['worst_loss'] / baseline['loss'] - 1:+.2%} | {e['bits_per_byte']:.3f} "
+          f"| {e['steps']:,.0f} | {e['steps'] / baseline['steps']:.3f} "
+          f"| {e['tokens'] / baseline['tokens']:.2f} | {_loss_bar(e, baseline)} |")
+    sections.append(
+        f"#### {workload}\n\nFinal validation loss in nats per token (mean ± std over seeds); "
+        f"'vs baseline' is the mean's relative change, 'worst seed' the highest seed's. "
+        f"The bar for DATE's cells: the mean within {LOSS_TOLERANCE:.0%} of the baseline's, "
+        f"≤ {STEP_SHARE_BAR:.3f} of its steps, and for a grown batch ≤ {GROWN_TOKENS_BAR}× "
+        f"its tokens.\n\n" + "\n".join(lines))
+  return "\n\n".join(sections)
+
+
+def _loss_bar(entry: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
+  """'met' / 'NOT met' for DATE's cells, '' for the others."""
+  if entry["strategy"] not in ADAPTIVE_STRATEGIES:
+    return ""
+  met = (entry["loss"] <= baseline["loss"] * (1 + LOSS_TOLERANCE)
+         and entry["steps"] <= STEP_SHARE_BAR * baseline["steps"])
+  if entry["strategy"] == "adaptive_grow":
+    met = met and entry["tokens"] <= GROWN_TOKENS_BAR * baseline["tokens"]
+  return "met" if met else "NOT met"
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str,

@@ -154,6 +154,8 @@ class Study:
 
 def _one_line(row: Mapping[str, Any]) -> str:
   predicted = row.get("predicted_steps")
-  return (f"{row['key']}: {100 * row['final_accuracy']:.2f}% in {row['steps']:,} steps"
+  quality = (f"validation loss {row['final_loss']:.4f}" if "final_loss" in row
+             else f"{100 * row['final_accuracy']:.2f}%")
+  return (f"{row['key']}: {quality} in {row['steps']:,} steps"
           + (f" (predicted {predicted:,})" if predicted and row["strategy"] == "adaptive" else "")
           + f", {row['wall_seconds']:.0f} s")

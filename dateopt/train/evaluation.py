@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -37,5 +38,22 @@ def evaluate(exp: Experiment, state: TrainState, step_fn) -> dict[str, float]:
   loss = totals["loss_sum"] / count
   metrics = {"loss": loss, "accuracy": totals["correct_sum"] / count}
   if exp.dataset.task == "language_model":
-    metrics["perplexity"] = float(np.exp(min(loss, 50.0)))
+    metrics.update(language_model_metrics(loss, exp.dataset.metadata.get("token_unit")))
+  return metrics
+
+
+def language_model_metrics(loss: float, token_unit: str | None) -> dict[str, float]:
+  """Perplexity, and bits per byte when a token is one byte, from the mean loss in nats.
+
+  Bits per byte is the loss in base 2 per byte of text (Graves 2013): a
+  byte-level model's nats per token / ln 2. It compares across tokenisers;
+  perplexity compares only models with the same vocabulary.
+
+  Example:
+    >>> round(language_model_metrics(math.log(2.0), "byte")["bits_per_byte"], 6)
+    1.0
+  """
+  metrics = {"perplexity": float(np.exp(min(loss, 50.0)))}
+  if token_unit == "byte":
+    metrics["bits_per_byte"] = loss / math.log(2.0)
   return metrics

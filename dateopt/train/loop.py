@@ -203,7 +203,10 @@ class TrainLoop:
     if not tick.logs or tick.idle:
       return
     logged = parallel.to_host(self.metrics)  # waits for the step: the clock reads true time
-    logged.update(self.clock.lap(), batch_size=tick.batch_size, examples_seen=self.feed.position)
+    lap = self.clock.lap()
+    logged.update(lap, batch_size=tick.batch_size,
+                  **data_seen(self.exp.dataset, self.feed.position,
+                              lap.get("examples_per_second")))
     tick.progress = logged.get("date/progress")
     self.train_metrics = logged
     with self.clock.paused():
@@ -229,7 +232,7 @@ class TrainLoop:
     with self.clock.paused(self.state):  # eval and checkpoints are not step time
       if tick.evaluates:
         self.eval_metrics, self.evaluated_at = self.evaluate(), tick.step
-        self.writer.write(tick.step, {f"eval/{k}": v for k, v in self.eval_metrics.items()})
+        self._write_eval(tick.step)
       if saves:
         self.checkpointer.save(tick.step, self.state)
         self.writer.flush()  # a bucket's metrics.jsonl then holds every row up to the save
@@ -263,9 +266,14 @@ class TrainLoop:
     steps_taken = int(parallel.to_host(self.state.step))
     if self.evaluated_at is None or steps_taken > self.evaluated_at:
       self.eval_metrics = self.evaluate()
-      self.writer.write(steps_taken, {f"eval/{k}": v for k, v in self.eval_metrics.items()})
+      self._write_eval(steps_taken)
     self._polish_at_end(steps_taken)
     return steps_taken
+
+  def _write_eval(self, step: int) -> None:
+    """The eval metrics, with the data seen so far: curves against examples or tokens."""
+    seen = data_seen(self.exp.dataset, int(parallel.to_host(self.state.examples_seen)))
+    self.writer.write(step, {f"eval/{k}": v for k, v in (self.eval_metrics | seen).items()})
 
   def _polish_at_end(self, step: int) -> None:
     """Precise BN when asked for; the final metrics with those before polishing.
@@ -294,6 +302,23 @@ class TrainLoop:
     """Programs `jax.jit` compiled for the train step: one per batch (and measure flag)."""
     cache_size = getattr(self.step_fn, "_cache_size", None)  # jax's jit wrapper; -1 if it goes
     return int(cache_size()) if cache_size is not None else -1
+
+
+def data_seen(dataset, examples: int, examples_per_second: float | None = None
+              ) -> dict[str, float]:
+  """`examples_seen`, and for a text workload `tokens_seen` (and `tokens_per_second`).
+
+  Example:
+    >>> data_seen(exp.dataset, 64, 640.0)   # a language model with 128-token windows
+    {'examples_seen': 64, 'tokens_seen': 8192, 'tokens_per_second': 81920.0}
+  """
+  seen = {"examples_seen": examples}
+  tokens = dataset.tokens_per_example
+  if tokens is not None:
+    seen["tokens_seen"] = examples * tokens
+    if examples_per_second is not None:
+      seen["tokens_per_second"] = examples_per_second * tokens
+  return seen
 
 
 def _compile_train_step(exp: Experiment, tx):

@@ -55,6 +55,7 @@ class TrainResult:
   examples: int = 0  # training examples the steps took
   largest_batch_size: int = 0
   train_step_compilations: int = 0  # programs compiled for the train step (one per rung)
+  tokens: int | None = None  # a text workload's training tokens (examples x window)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
@@ -134,12 +135,19 @@ def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int) -> TrainResul
              "largest_batch_size": loop.largest_batch, "train_step_compilations": compilations,
              "predicted_steps": predicted if predicted is not None else float("nan"),
              "steps_per_second": steps_per_second}
+  if exp.dataset.tokens_per_example is not None:  # a text workload counts its data in tokens
+    summary["tokens"] = examples * exp.dataset.tokens_per_example
   loop.writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
   if jax.process_index() == 0 and exp.grows:
     print(f"DATE grew the batch to {loop.largest_batch:,} (ladder {list(exp.batch_sizes)}): "
-          f"{steps_taken:,} steps, {examples:,} examples = "
+          f"{steps_taken:,} steps, {_data_amount(examples, summary.get('tokens'))} = "
           f"{summary['examples_vs_baseline']:.2f} x the baseline's, {compilations} train-step "
           f"compilations.", flush=True)
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(loop.state), loop.eval_metrics,
                      loop.train_metrics, steps_per_second, steps_taken, predicted,
-                     examples, loop.largest_batch, compilations)
+                     examples, loop.largest_batch, compilations, summary.get("tokens"))
+
+
+def _data_amount(examples: int, tokens: int | None) -> str:
+  """'N examples', or 'N tokens' for a text workload."""
+  return f"{examples:,} examples" if tokens is None else f"{tokens:,} tokens"

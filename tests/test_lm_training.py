@@ -1,0 +1,159 @@
+"""The byte-level Transformer LM through the trainer: its metrics, the growing batch, resume.
+
+Every run is the tiny preset on a small corpus of plain-text files written here
+(`text_files`), on the 8 simulated devices.
+"""
+
+import json
+import math
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dateopt import train
+from dateopt.data import get_dataset
+
+pytestmark = pytest.mark.slow  # training runs
+
+SEQ_LEN = 32
+WORDS = ("the king queen lord lady sword crown night day love death fool speak hear "
+         "good ill sweet bitter heaven earth fire water blood gold").split()
+
+
+def write_corpus(directory, num_documents: int = 6, words_per_document: int = 1500):
+  """Deterministic documents of seeded word sequences, one file each."""
+  rng = np.random.default_rng(0)
+  directory.mkdir(parents=True, exist_ok=True)
+  for d in range(num_documents):
+    words = rng.choice(WORDS, size=words_per_document)
+    lines = [" ".join(words[i:i + 12]) + "." for i in range(0, len(words), 12)]
+    (directory / f"act{d}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+  return directory
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  return str(write_corpus(tmp_path_factory.mktemp("corpus")))
+
+
+def lm_config(corpus_dir, **fields):
+  config = train.default_config()
+  config.dataset = "text_files"
+  config.data_dir = corpus_dir
+  config.dataset_kwargs = dict(seq_len=SEQ_LEN, eval_share=0.2, eval_windows=64)
+  config.model = "transformer_lm"
+  config.model_kwargs = dict(preset="tiny")
+  config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adamw", learning_rate=3e-3,
+                         b2=0.99, weight_decay=0.1, warmup_epochs=0.1, decay="cosine",
+                         grad_clip_norm=1.0)
+  config.grad_groups = 4
+  config.eval_batch_size = 64
+  config.log_every_steps = 5
+  config.eval_every_steps = 0
+  config.checkpoint_every_steps = -1
+  config.progress_bar = False
+  config.divergence_patience = 0
+  for key, value in fields.items():
+    setattr(config, key, value)
+  return config
+
+
+def rows_of(workdir):
+  return [json.loads(line) for line in open(f"{workdir}/metrics.jsonl", encoding="utf-8")]
+
+
+def test_a_language_model_run_logs_tokens_bits_per_byte_and_perplexity(corpus, tmp_path):
+  config = lm_config(corpus, num_train_steps=20)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  rows = rows_of(tmp_path)
+  logged = [r for r in rows if "train/loss" in r]
+  for row in logged:
+    assert row["train/tokens_seen"] == row["train/examples_seen"] * SEQ_LEN == row["step"] * 16 * SEQ_LEN
+    if "train/examples_per_second" in row:
+      assert row["train/tokens_per_second"] == pytest.approx(
+          row["train/examples_per_second"] * SEQ_LEN)
+  assert any("train/tokens_per_second" in r for r in logged)
+  final = [r for r in rows if "eval/loss" in r][-1]
+  assert final["eval/bits_per_byte"] == pytest.approx(final["eval/loss"] / math.log(2))
+  assert final["eval/perplexity"] == pytest.approx(math.exp(final["eval/loss"]))
+  assert final["eval/tokens_seen"] == 20 * 16 * SEQ_LEN
+  assert result.tokens == result.examples * SEQ_LEN == 20 * 16 * SEQ_LEN
+  summary = next(r for r in rows if "run/tokens" in r)
+  assert summary["run/tokens"] == result.tokens
+  # The eval loss, by a second path: the model applied window by window to the eval split.
+  exp = train.build_experiment(config)
+  dataset = exp.dataset
+  batch = dataset.eval_source.gather(np.arange(dataset.num_eval_examples), None)
+  logits = exp.model.apply({"params": result.state.params}, jnp.asarray(batch["inputs"]),
+                           train=False)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+  assert result.eval_metrics["loss"] == pytest.approx(float(loss), rel=1e-5)
+  assert result.eval_metrics["bits_per_byte"] == pytest.approx(float(loss) / math.log(2),
+                                                               rel=1e-5)
+
+
+def _growing(corpus, **fields):
+  """DATE adaptive from B0 = 16 up to 128; a step priced at 1000 largest batches, so each
+  rung is due as soon as the growth rule looks (every 20 steps after the warmup)."""
+  return lm_config(corpus, strategy="adaptive", batch_size=128,
+                   plan=dict(grow_batch=True, step_price=1000.0), **fields)
+
+
+def test_a_growing_language_model_run_killed_mid_ramp_resumes_bit_exact(corpus, tmp_path):
+  config = _growing(corpus, checkpoint_every_steps=5, keep_checkpoints=20)
+  whole = train.train_and_evaluate(config, str(tmp_path / "whole"))
+  rows = rows_of(tmp_path / "whole")
+  changes = [(r["step"], r["train/batch_size"]) for r in rows
+             if "train/batch_size" in r and "train/loss" not in r]
+  assert len(changes) >= 3 and changes[0] == (1, 16)  # it did climb, rung by rung
+  resume_at = changes[1][0] + 4  # inside the ramp: after the first climb, before the last
+  assert resume_at < changes[-1][0]
+  shutil.copytree(tmp_path / "whole" / "checkpoints" / str(resume_at),
+                  tmp_path / "resumed" / "checkpoints" / str(resume_at))
+  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  assert (resumed.steps, resumed.examples, resumed.tokens) == (whole.steps, whole.examples,
+                                                               whole.tokens)
+  assert resumed.largest_batch_size == whole.largest_batch_size
+  for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
+    np.testing.assert_array_equal(a, b)
+  assert resumed.eval_metrics == whole.eval_metrics
+
+
+def test_gradient_accumulation_takes_the_same_language_model_steps(corpus, tmp_path):
+  plain = train.train_and_evaluate(lm_config(corpus, num_train_steps=6, batch_size=64),
+                                   str(tmp_path / "plain"))
+  accumulated = train.train_and_evaluate(
+      lm_config(corpus, num_train_steps=6, batch_size=64, grad_accum_steps=2),
+      str(tmp_path / "accumulated"))
+  for a, b in zip(jax.tree.leaves(plain.state.params),
+                  jax.tree.leaves(accumulated.state.params)):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
+
+
+def test_the_divergence_guard_watches_a_language_model(corpus, tmp_path):
+  # A peak LR 10^4 times the tuned one: the loss blows up and the guard skips steps and
+  # cuts the LR, as on the other workloads.
+  config = lm_config(corpus, num_train_steps=40)
+  config.baseline = dict(config.baseline.to_dict(), learning_rate=30.0)
+  result = train.train_and_evaluate(config, str(tmp_path))
+  assert result.train_metrics["guard/num_skipped"] > 0
+  assert result.train_metrics["guard/lr_multiplier"] < 1.0
+
+
+def test_eval_windows_are_spread_over_the_validation_stream(corpus):
+  whole = get_dataset("text_files", data_dir=corpus, seq_len=SEQ_LEN, eval_share=0.2)
+  spread = get_dataset("text_files", data_dir=corpus, seq_len=SEQ_LEN, eval_share=0.2,
+                       eval_windows=10)
+  n = whole.num_eval_examples
+  assert spread.num_eval_examples == 10
+  expected = [round(j * (n - 1) / 9) for j in range(10)]
+  np.testing.assert_array_equal(spread.eval_source.gather(np.arange(10), None)["inputs"],
+                                whole.eval_source.gather(np.array(expected), None)["inputs"])
+  assert get_dataset("text_files", data_dir=corpus, seq_len=SEQ_LEN, eval_share=0.2,
+                     eval_windows=10 * n).num_eval_examples == n
+  with pytest.raises(ValueError, match="eval_windows"):
+    get_dataset("text_files", data_dir=corpus, seq_len=SEQ_LEN, eval_windows=0)
