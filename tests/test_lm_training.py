@@ -157,3 +157,20 @@ def test_eval_windows_are_spread_over_the_validation_stream(corpus):
                      eval_windows=10 * n).num_eval_examples == n
   with pytest.raises(ValueError, match="eval_windows"):
     get_dataset("text_files", data_dir=corpus, seq_len=SEQ_LEN, eval_windows=0)
+
+
+def test_a_study_cell_of_a_language_model_reports_its_loss_and_tokens(corpus, tmp_path):
+  from dateopt import study  # pylint: disable=import-outside-toplevel
+  base = lm_config(corpus, num_train_steps=20, eval_every_steps=10)
+  cell = study.Cell("lm", "baseline", 1, 0)
+  examples = train.build_experiment(base).dataset.num_train_examples
+  row = study.run_cell(cell, study.cell_config(base, cell, num_train_examples=examples),
+                       str(tmp_path))
+  rows = rows_of(tmp_path)
+  final = [r for r in rows if "eval/loss" in r][-1]
+  assert row["final_loss"] == pytest.approx(final["eval/loss"])
+  assert row["final_bits_per_byte"] == pytest.approx(final["eval/loss"] / math.log(2))
+  assert row["tokens"] == row["examples"] * SEQ_LEN == 20 * 16 * SEQ_LEN
+  assert row["eval_loss"] == [r["eval/loss"] for r in rows if "eval/loss" in r]
+  summary = study.summarize([row])
+  assert "| baseline (B0) | 16 (1x) | 1 |" in study.language_model_report(summary)

@@ -3,7 +3,6 @@
 import collections
 import doctest
 import hashlib
-import importlib.util
 import io
 import math
 import subprocess
@@ -24,7 +23,6 @@ from dateopt.data.text import (
 )
 from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "prepare_data.py"
 
 
 def _documents(num_documents=6, seed=0) -> dict[str, str]:
@@ -447,14 +445,7 @@ def test_byte_corpora_load_neither_tfds_nor_grain_nor_models(tmp_path):
 # ---------------------------------------------------------------- scripts/prepare_data.py
 
 
-def _load_script():
-  spec = importlib.util.spec_from_file_location("prepare_data", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-prepare_data = _load_script()
+from test_prepare_data import prepare_data  # noqa: E402  (the script, loaded once)
 
 
 def test_prepare_script_parses_shakespeare_with_its_own_default_dir(monkeypatch, tmp_path):
