@@ -52,13 +52,15 @@ def get_dataset(name: str, /, *, data_dir: str | None = None, **kwargs: Any) -> 
       scripts/prepare_data.py shakespeare` into `data_dir`
       (~/.cache/dateopt/shakespeare): `seq_len` (128), `eval_share` (0.1 of
       the works held out, chosen by name hash). Inputs (seq_len,) int32.
-    - "text_files": every file matching `pattern` ("*.txt") under `data_dir`
+    - "text_files": every file matching `pattern` (`*.txt`) under `data_dir`
       (recursively) as one document of bytes, as "shakespeare": `seq_len`
       (128), `eval_share` (0.1), `pattern`.
     - "tfds_text": a prepared TFDS text dataset as bytes, one record one
       document, tfds's own splits: `name` (e.g. "tiny_shakespeare", "lm1b"),
       `seq_len` (128), `train_split` ("train"), `eval_split` ("validation"),
       `text_key` ("text").
+      The three byte corpora also take `eval_windows` (None: evaluate on
+      every validation window; N: on N windows spread evenly over them).
     - "fake_images": random images for benchmarks: `image_shape`,
       `num_classes`, `num_train_examples`, `num_eval_examples`, `pool_size`,
       `uint8` (False: float32 that looks normalised; True: uint8 pixels the
