@@ -296,7 +296,7 @@ def _ema_bias(decay, count):
 # The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. |G|² falls
 # tenfold in training, and the noise EMAs' 100-step horizon spans 1,400 baseline steps of
 # progress at a gain of 14: B_noise read low and a grown run paid for it. At 0.95 a fixed 64x
-# LSTM's readings and gain ran away; 0.98 and 0.97 held (notes/batch_growth.md, sessions 18-19).
+# LSTM's readings and gain ran away; 0.98 and 0.97 held (notes/batch_growth.md).
 SIGNAL_DECAY = 0.97
 
 # A reading may lie at most this many times its expected size from 0 once the EMAs hold
@@ -345,8 +345,8 @@ def update_noise_scale(
   `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
   falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
   moving value by about its horizon: at a gain of 14, a 100-step horizon spans
-  1,400 baseline steps, and B_noise reads low (notes/batch_growth.md, eighteenth
-  session). The state keeps its format: `grad_sq_ema` holds the faster EMA
+  1,400 baseline steps, and B_noise reads low (notes/batch_growth.md). The
+  state keeps its format: `grad_sq_ema` holds the faster EMA
   rescaled to the bias of `decay`'s, so `noise_scale`, `gain_from_estimates` and
   `corrected_estimates` read it as before.
 

@@ -66,7 +66,7 @@ its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
 after the loss has stopped rising). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
 at any batch (a fixed 16x study LSTM that took them ended 0.99 points below its
-baseline, held 0.14; notes/batch_growth.md, twenty-first session). A hold
+baseline, held 0.14; notes/batch_growth.md). A hold
 leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
 may recover to but not pass, and a growing batch does not climb, until the loss
 sets a new best. Each noise reading is winsorized against the EMAs
@@ -165,7 +165,7 @@ GROWTH_INTERVAL = 20
 # resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md). 16, not 8: at τ
 # 200-400 the grown runs, climbing through 256, were 1.2-1.6x ahead of their credited progress in
 # loss, the fixed runs, at their batch from the first step, 1.3-2.8x, and the grown LSTM at 32x
-# seed 0 stalled at 256 behind the fixed 16x runs (twenty-second session); the fixed runs hold
+# seed 0 stalled at 256 behind the fixed 16x runs (notes/batch_growth.md); the fixed runs hold
 # √k, up to 8, there. The largest rung is never an early one: it is earned by the growth rule
 # on a run that has learnt (a ladder whose early climb ended on it was a fixed batch from step
 # 60, and cost the study LSTM at 8x 0.10x the baseline's examples).
@@ -233,7 +233,7 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   tr Σ × (B_max/B)^α, so B_noise × (B_max/B)^α: at equal progress a smaller
   batch's run is hotter, its |G|² larger, and it reads less noise than the
   largest rung will (the study ResNet: 1.1-1.25× per doubling, α = 0.2 ≈
-  log2 1.15; notes/batch_growth.md, seventeenth session). The top rung, and
+  log2 1.15; notes/batch_growth.md). The top rung, and
   with it a fixed batch, reads as measured; α = 0 turns the credit off.
 
   Example:
@@ -307,7 +307,7 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
   After a bump the readings keep rising while the loss does not come back: on
   one host the study LSTM's 64x grown seed 1 followed them from gain 10 to 35
   and ended 1.95 points below its baseline; with the ceiling, 0.36 below
-  (notes/batch_growth.md, fourteenth session).
+  (notes/batch_growth.md).
 
   Example:
     >>> import jax.numpy as jnp
@@ -616,7 +616,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   credited reading is the largest batch's. On the growth study's baseline
   profiles this predicts every fixed and grown run group at 8x-64x within 0%
   and +16% of the steps it took, where the profile read as measured (α = 0)
-  was 18-92% high (notes/batch_growth.md, twentieth and twenty-first sessions). A one-rung
+  was 18-92% high (notes/batch_growth.md). A one-rung
   ladder is a fixed batch. `read_at_batch_size` (default B0) is the batch of the run that
   read `noise_scales`: a profile a run at B_max logged is read as it is. The
   play-out assumes the loss falls from the first step: a plateau before the

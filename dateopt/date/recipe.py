@@ -39,13 +39,13 @@ STEP_PRICE = 1.0
 # ResNet's fixed runs read 1.1-1.25× more B_noise per doubling of the batch (a smaller
 # batch's hotter run sits where |G|² is larger); 0.2 = log2(1.15). It took the grown ResNet at
 # 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and moved the LSTMs',
-# whose readings show little trend, by at most 4% (notes/batch_growth.md, seventeenth session).
+# whose readings show little trend, by at most 4% (notes/batch_growth.md).
 NOISE_BATCH_EXPONENT = 0.2
 # What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
-# gradient times its trust ratio; notes/batch_growth.md, twelfth and thirteenth sessions).
+# gradient times its trust ratio; notes/batch_growth.md).
 # "auto": the step LARS takes where DATE can measure it (`Recipe.measured_noise_of`).
-# "adam_step": the gradient in Adam's metric, 1/(√v̂ + ε) per coordinate (opt-in; notes,
-# twenty-second session).
+# "adam_step": the gradient in Adam's metric, 1/(√v̂ + ε) per coordinate (opt-in;
+# notes/batch_growth.md).
 NOISE_OF = ("auto", "gradient", "lars_step", "adam_step")
 ADAM_STEP_OPTIMIZERS = ("adam", "adamw")
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
