@@ -47,6 +47,7 @@ from dateopt import plots, train
 from dateopt.configs import load as load_config
 from dateopt.study import (effective_noise_scale, filled_profile, finite_median,
                            measured_noise_scales)
+from dateopt.study.report import GROWN_TOKENS_BAR, LOSS_TOLERANCE, STEP_SHARE_BAR
 from dateopt.train import read_metrics
 
 # Issue 8: DATE adaptive at a fixed batch in at most this fraction of the baseline's steps.
@@ -318,7 +319,8 @@ def language_model_bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
   for name, rows in by_name.items():
     if not name.startswith("DATE adaptive"):
       continue
-    bar = "≤ +1% loss, ≤ 0.125 of the steps" + (", ≤ 2.5× the tokens" if rows[0]["grows"] else "")
+    bar = (f"≤ +{LOSS_TOLERANCE:.0%} loss, ≤ {STEP_SHARE_BAR:.3f} of the steps"
+           + (f", ≤ {GROWN_TOKENS_BAR}× the tokens" if rows[0]["grows"] else ""))
     if _stopped_count(rows):
       lines.append(f"- {name}: stopped by the divergence watch in {_stopped_count(rows)} of "
                    f"{len(rows)} seeds (bar: {bar}): NOT met")
@@ -326,7 +328,8 @@ def language_model_bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
     loss = statistics.mean(r["eval_loss"] for r in rows) / base_loss - 1
     fraction = statistics.mean(r["steps"] for r in rows) / base_steps
     tokens = statistics.mean(r["tokens"] for r in rows) / base_tokens
-    met = loss <= 0.01 and fraction <= 1 / 8 and (tokens <= 2.5 or not rows[0]["grows"])
+    met = (loss <= LOSS_TOLERANCE and fraction <= STEP_SHARE_BAR
+           and (tokens <= GROWN_TOKENS_BAR or not rows[0]["grows"]))
     lines.append(f"- {name}: validation loss {loss:+.2%} vs the baseline, {fraction:.3f} of its "
                  f"steps, {tokens:.2f}× its tokens (bar: {bar}): {'met' if met else 'NOT met'}")
   return lines
