@@ -6,13 +6,17 @@ value or override, missing data, a busy or read-only workdir, a changed recipe
 in a workdir that holds a run) ends with one line `dateopt-train: error: ...`
 and status 2; a run stopped by SIGTERM or SIGINT with one line saying where it
 was saved and status 143 or 130; a run stopped by non-finite steps with one
-line naming the step and status 1.
+line naming the step and status 1; a write that fails mid-run (a full disk or
+quota, or another I/O error) with one line naming the file and status 1.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import logging as logging_lib
 import os
+import re
 import sys
 
 from absl import app, flags, logging
@@ -61,8 +65,15 @@ def main(argv=None):
                                  FLAGS.process_id, mode=FLAGS.jax_distributed)
   except (ValueError, RuntimeError) as error:  # off with a coordinator; detection or start failed
     return _fail(f"error: {error}", 2)
+  with _FailedWriteNoise():  # to the end: a failed save's threads may report it until then
+    return _train_and_report(train)
+
+
+def _train_and_report(train) -> int | None:
+  """Runs `train.train_and_evaluate` on the flags; the exit status of a run that stopped."""
+  from dateopt.data import errors as data_errors
   try:
-    result = train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    _report(train.train_and_evaluate(FLAGS.config, FLAGS.workdir))
   except train.StartupError as error:
     return _fail(f"error: {error}", 2)
   except train.Preempted as stop:
@@ -73,11 +84,19 @@ def main(argv=None):
     return _fail(str(stop), stop.exit_code)
   except (train.NonFiniteError, train.DivergedError) as stop:  # a NaN batch, or divergence
     return _fail(str(stop), stop.exit_code)
-  except OSError as error:  # a full disk or quota mid-run: the saves so far are kept
-    return _fail(f"stopped: {error.strerror or error}"
-                 + (f": {error.filename}" if error.filename else "")
-                 + "; the checkpoints saved before it are kept. Free space, then rerun the "
-                 "same command to resume.", 1)
+  except (data_errors.UndecodableRecordError, data_errors.WorkerDiedError) as stop:
+    return _fail(str(stop), stop.exit_code)  # a record that does not decode; a dead worker
+  except (OSError, ValueError, RuntimeError) as error:  # a failed write mid-run, or a bug
+    message = _failed_write_message(error, FLAGS.workdir)
+    if message is None:
+      raise
+    _fail(message, 1)
+    sys.stdout.flush()
+    os._exit(1)  # orbax's threads and coroutines of the failed save would print at exit
+
+
+def _report(result) -> None:
+  """Prints the run's summary and writes it to `final_metrics.json` (process 0)."""
   import jax
   if jax.process_index() == 0:
     summary = strict_json.sanitize({"eval": result.eval_metrics,
@@ -131,6 +150,122 @@ def _with_config_resolved(argv: list[str]) -> list[str]:
       flag, value = arg.split("=", 1)
       resolved[i] = f"{flag}={configs.resolve(value)}"
   return resolved
+
+
+# The errors of a full disk or quota: they alone are answered with "Free space".
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+# tensorstore (orbax's array writes) raises a failed write as ValueError("RESOURCE_EXHAUSTED:
+# Failed writing: \"<file>\": ... No space left on device [os_error_code='28']").
+_OS_ERROR_CODE = re.compile(r"\[os_error_code='(\d+)'\]")
+_QUOTED_PATH = re.compile(r'"((?:/|gs://)[^"]+)"')
+
+
+def _failed_write(error: BaseException | None) -> tuple[int | None, str, str | None] | None:
+  """(errno, what failed, the file) when `error` is a failed I/O, else None."""
+  if isinstance(error, OSError):
+    return error.errno, error.strerror or str(error), error.filename
+  if isinstance(error, (ValueError, RuntimeError)):
+    text = str(error)
+    code = _OS_ERROR_CODE.search(text)
+    if code or ("RESOURCE_EXHAUSTED" in text and any(os.strerror(c) in text for c in _NO_SPACE)):
+      number = int(code.group(1)) if code else errno.ENOSPC
+      path = _QUOTED_PATH.search(text)
+      return number, os.strerror(number), path.group(1) if path else None
+  return None
+
+
+def _failure_of(error: BaseException | None) -> tuple[int | None, str, str | None] | None:
+  """`_failed_write` of `error`, or of the error it was raised from (`raise ... from`)."""
+  while error is not None:
+    failure = _failed_write(error)
+    if failure is not None:
+      return failure
+    error = error.__cause__
+  return None
+
+
+def _failed_write_message(error: BaseException, workdir: str) -> str | None:
+  """The one line for a run stopped by a failed write, or None for any other error.
+
+  The write that failed first is named: a failed save can make the cleanup's
+  writes fail too (each raised while handling the one before).
+  """
+  failure, earlier = _failure_of(error), error
+  if failure is None:
+    return None
+  while not earlier.__suppress_context__ and earlier.__context__ is not None:
+    earlier = earlier.__context__
+    failure = _failure_of(earlier) or failure
+  number, what, filename = failure
+  if _in_checkpoint_save(error) and not what.startswith("a checkpoint save"):
+    from dateopt.train import workdirs
+    what = f"a checkpoint save in {workdirs.as_path(workdir) / 'checkpoints'} failed: {what}"
+  # metrics.py's dead TensorBoard writer: its thread's errno is lost, its message guesses.
+  no_space = number in _NO_SPACE or (number == errno.EIO and "a full disk" in what)
+  return (f"stopped: {what}" + (f": {filename}" if filename else "")
+          + "; the checkpoints saved before it are kept. "
+          + ("Free space" if no_space else "Fix what stopped it")
+          + ", then rerun the same command to resume.")
+
+
+def _in_checkpoint_save(error: BaseException) -> bool:
+  """Whether `error`, or one it was raised from or while handling, came from a checkpoint
+  save (orbax names no file for some of its writes)."""
+  from dateopt.train import checkpoint
+  seen = []
+  while error is not None and all(error is not e for e in seen):
+    seen.append(error)
+    failure = _failed_write(error)
+    if failure and failure[2] and checkpoint.UNFINISHED_MARK in failure[2]:
+      return True
+    trace = error.__traceback__
+    while trace is not None:
+      if trace.tb_frame.f_code.co_filename == checkpoint.__file__:
+        return True
+      trace = trace.tb_next
+    error = error.__cause__ or error.__context__
+  return False
+
+
+class _FailedWriteNoise(logging_lib.Filter):
+  """While the run trains: drops orbax's and asyncio's reports of a failed write.
+
+  Each thread of a failed save logs it with its traceback (hundreds of lines),
+  and tensorstore's callbacks that land after orbax closed their event loop
+  print "Event loop is closed" through `sys.unraisablehook`. The CLI says the
+  failure once, in one line (`_failed_write_message`).
+  """
+
+  _LOGGERS = ("absl", "asyncio")
+
+  def __enter__(self):
+    self._previous = sys.unraisablehook
+    sys.unraisablehook = self._hook
+    for name in self._LOGGERS:
+      logging_lib.getLogger(name).addFilter(self)
+    return self
+
+  def __exit__(self, *exc_info):
+    if sys.unraisablehook == self._hook:  # leave a hook installed after ours alone
+      sys.unraisablehook = self._previous
+    for name in self._LOGGERS:
+      logging_lib.getLogger(name).removeFilter(self)
+
+  def filter(self, record: logging_lib.LogRecord) -> bool:
+    from_orbax = f"{os.sep}orbax{os.sep}" in (record.pathname or "")
+    if not (from_orbax or record.name == "asyncio"):
+      return True
+    error = record.exc_info[1] if record.exc_info else None
+    return _failure_of(error or ValueError(record.getMessage())) is None
+
+  def _hook(self, unraisable) -> None:
+    error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+      return
+    if (code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+        and _failure_of(error) is not None):
+      return
+    self._previous(unraisable)
 
 
 def _fail(message: str, status: int) -> int:

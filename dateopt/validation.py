@@ -69,6 +69,44 @@ def check_range(
     raise ValueError(f"{name} must be in {interval}, got {value!r}.")
 
 
+def as_int(name: str, value: Any, *, low: int | None = None) -> Any:
+  """`value` as an int, checked: ints, numpy integers and whole floats (16.0) pass.
+
+  A bool or a non-number raises TypeError naming `name`; a fraction (2.5), or
+  a value below `low`, ValueError. A jax array (possibly traced) is returned
+  as it is: it cannot be checked here.
+
+  Example:
+    >>> as_int("batch_size", 16.0), as_int("batch_size", np.int64(16))
+    (16, 16)
+  """
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    value = value[()]
+  if type(value).__module__.startswith("jax"):
+    return value
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    raise TypeError(f"{name} must be an int; got {value!r} of type {type(value).__name__}.")
+  if not isinstance(value, numbers.Integral) and not (math.isfinite(value)
+                                                      and float(value).is_integer()):
+    raise ValueError(f"{name} must be a whole number (an int); got {value!r}.")
+  number = int(value)
+  check_range(name, number, low=low)
+  return number
+
+
+def check_scalar(name: str, value: Any, *, what: str) -> None:
+  """Raises ValueError naming `name` unless `value` (a number or an array, traced or
+  not) is a scalar; `what` says what it stands for.
+
+  Example:
+    >>> check_scalar("value=", np.ones(3), what="the scalar loss")
+    Traceback (most recent call last):
+    ValueError: value= must be the scalar loss; got an array of shape (3,).
+  """
+  if np.ndim(value) != 0:
+    raise ValueError(f"{name} must be {what}; got an array of shape {np.shape(value)}.")
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
   """Raises ValueError naming `name` and the allowed values when `value` is not one of them."""
   choices = tuple(choices)

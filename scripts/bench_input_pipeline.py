@@ -44,7 +44,9 @@ from dateopt.data.jpeg import JpegFiles, JpegSource
 # at MLPerf rates, 8 cores. A v4-8 host (4 chips of 2 cores, each chip ~2 v3 cores) needs
 # about as many.
 HOST_RATE = 8000
-TF_REFERENCE = "tf.data, AUTOTUNE, normalised"  # the pipeline of issue 23's bar
+# The pipeline dateopt's images per CPU-second are held against (notes/input_pipeline.md,
+# "Final figures").
+TF_REFERENCE = "tf.data, AUTOTUNE, normalised"
 IMAGE_SIZE = 224
 
 

@@ -5,7 +5,8 @@ et al. 2018 (eq. 2.8) derive the critical batch from B_crit = tr(HΣ) / GᵀHG, 
 noise and the signal by the curvature H; the two agree when H is a multiple of the identity.
 This command measures both on the parameters a run saved, from Hessian-vector products
 (`jax.jvp` of the gradient), to check whether B_simple under- or over-states the critical batch
-in a phase of training (notes/batch_growth.md, twenty-second session):
+in a phase of training (notes/batch_growth.md, the 2026-11-29 section "two other readings of
+the critical batch, measured, neither adopted"):
 
   python scripts/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32 \
       --checkpoint-every-steps 20

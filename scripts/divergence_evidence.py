@@ -1,6 +1,6 @@
 """DATE's divergence watch on the runs that diverged, and on healthy ones: one JSON line a run.
 
-The evidence behind notes/divergence.md (issue step 10):
+The evidence behind notes/divergence.md ("Evidence"):
 
   python scripts/divergence_evidence.py diverged --workdir runs/divergence
   python scripts/divergence_evidence.py healthy --workdir runs/divergence

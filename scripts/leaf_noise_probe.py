@@ -1,6 +1,7 @@
 """Per-leaf weight norms and gradient noise of one DATE run, at chosen points of its progress.
 
-The evidence behind notes/batch_growth.md (eleventh session): whose noise scale a
+The evidence behind notes/batch_growth.md ("Per layer: the history is in the parameters LARS
+leaves at the raw LR", "Per leaf: whose noise scale the ResNet reads"): whose noise scale a
 ResNet reads, and where a grown run's history sits. It trains one run like
 `date_grow_probe.py`, checkpointing every `--every` steps. Then, at the checkpoint
 nearest each progress τ, it reports:

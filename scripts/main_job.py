@@ -26,8 +26,9 @@ to `<workdir>/eval_accuracy.png` (and `--figure`, if given).
 With several seeds, each seed's job runs in <workdir>/<gain rule>/seed<N> (a
 seed whose results.json exists is read, not run again, so an interrupted job
 resumes), then it prints and writes (`seeds.md`) the mean ± std of every run
-and DATE adaptive against its bar: issue 8's at a fixed batch, issue 18's for
-a grown batch.
+and DATE adaptive against its bar: the fixed-batch bar (within 1.0 point of the
+baseline in <= 1/4 of its steps at 16x, <= 1/10 at 64x) or the grown-batch bar
+(within 1.0 point, <= 1/8 of the steps, <= 2.5x the examples).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from dateopt.study import (effective_noise_scale, filled_profile, finite_median,
 from dateopt.study.report import GROWN_TOKENS_BAR, LOSS_TOLERANCE, STEP_SHARE_BAR
 from dateopt.train import read_metrics
 
-# Issue 8: DATE adaptive at a fixed batch in at most this fraction of the baseline's steps.
+# The fixed-batch bar: DATE adaptive in at most this fraction of the baseline's steps.
 FIXED_BATCH_STEP_BAR = {16: 1 / 4, 64: 1 / 10}
 
 
@@ -338,8 +339,8 @@ def language_model_bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
 def bar_lines(by_name: dict[str, list[dict]]) -> list[str]:
   """DATE adaptive's runs against their bars, on the means over seeds.
 
-  Fixed batch (issue 8): within 1.0 point of the baseline, in <= 1/4 of its
-  steps at 16x and <= 1/10 at 64x. Grown batch (issue 18): within 1.0 point,
+  Fixed batch: within 1.0 point of the baseline, in <= 1/4 of its
+  steps at 16x and <= 1/10 at 64x. Grown batch: within 1.0 point,
   <= 1/8 of the steps and <= 2.5x the examples.
   """
   base_acc = statistics.mean(100 * r["accuracy"] for r in by_name["baseline"])

@@ -17,7 +17,8 @@ study's `<outdir>/runs/<cell>`).
 The law assumes a batch-free noise scale. `--readings-at` checks that assumption instead:
 the B_noise each run logged nearest each given progress (in baseline steps), with the batch
 it had there. Runs at different batches then show whether a larger batch reads more
-(notes/batch_growth.md, sixteenth session: the study ResNet does, 1.1-1.25x a doubling):
+(notes/batch_growth.md, "Where the grown ResNet loses its steps": the study ResNet does,
+1.1-1.25x a doubling):
 
   python scripts/price_frontier.py docs/growth_study/early_below_top/runs/resnet_adaptive_*_seed0 \
       --readings-at 300,1000,3000,6000
@@ -27,7 +28,8 @@ it had there. Runs at different batches then show whether a larger batch reads m
 `--climbs` checks it within one grown run, where the state is the same on both sides of a
 climb: at each climb past step 100, the B_noise logged 40 steps into the new rung against the
 one logged at the climb, divided by the run's own trend over the 40 steps before, scaled to
-the progress each stretch covered (notes/batch_growth.md, twenty-first session):
+the progress each stretch covered (notes/batch_growth.md, "The batch trend at a climb, within
+one run"):
 
   python scripts/price_frontier.py docs/growth_study/early_below_top/runs/lstm_adaptive_grow_* \
       --climbs
@@ -35,9 +37,10 @@ the progress each stretch covered (notes/batch_growth.md, twenty-first session):
 `--loss-against BASELINE` (with `--readings-at`) asks what the credited progress bought: each
 run's training loss nearest each progress point (a median over 5 logged rows), and the
 progress at which the baseline's run reached that loss (its first logged median at or below
-it). A ratio above 1: the run is ahead of its credit (notes/batch_growth.md, twenty-second
-session). Read it early in the run: once the baseline's logged loss (one small batch's) sits
-at its noise floor, every later match saturates there:
+it). A ratio above 1: the run is ahead of its credit (notes/batch_growth.md, "What the credit
+buys in loss", in "two other readings of the critical batch"). Read it early in the run: once
+the baseline's logged loss (one small batch's) sits at its noise floor, every later match
+saturates there:
 
   python scripts/price_frontier.py docs/growth_study/fixed_hold/runs/lstm_adaptive_*_seed0 \
       --readings-at 200,400,800,1600,3200 \

@@ -1,8 +1,8 @@
 """Runs a command on a machine made busy on purpose: the test suite's check for a loaded CI host.
 
-Issue 22 (item 9) saw `make test` die with `Fatal Python error: Aborted` on a 2-core
-machine at load average ~13. The cause (notes/reliability.md, from gdb stacks of a run hung
-under this script): XLA:CPU's client thread pool has max(cores, devices) = 8 threads for 8
+On a 2-core machine at load average ~13, `make test` died with `Fatal Python error:
+Aborted`. The cause (notes/reliability.md, from gdb stacks of a run hung under this
+script): XLA:CPU's client thread pool has max(cores, devices) = 8 threads for 8
 simulated devices, and a busy machine let all 8 block at once (7 device parts waiting in an
 all-reduce for the 8th, whose launch waited for its device's previous program). XLA then
 aborts when the rendezvous limit runs out ("Termination timeout ... Expected 8 threads to

@@ -12,10 +12,10 @@ SLOW_COLLECTIVES = ("--xla_cpu_collective_timeout_seconds=600 "
 # max(cores, devices) threads, and a part waiting in a collective holds its thread. With 8
 # simulated devices on 2 cores that pool is exactly 8 threads: 7 parts of one step waiting
 # in an all-reduce for the 8th, and the next step's launch on the 8th device waiting for
-# that device's previous program, filled it, and nothing could run (issue 22, item 9: gdb
-# stacks in notes/reliability.md). The rendezvous timeout then aborted the process. XLA
-# sizes the pool from PJRT_NPROC: 64 threads leave room for every part and launch of
-# several programs at once.
+# that device's previous program, filled it, and nothing could run (gdb stacks in
+# notes/reliability.md, "The cause, from the stacks of a hung run"). The rendezvous timeout
+# then aborted the process. XLA sizes the pool from PJRT_NPROC: 64 threads leave room for
+# every part and launch of several programs at once.
 MIN_CPU_THREADS = 64
 if int(os.environ.get("PJRT_NPROC") or 0) < MIN_CPU_THREADS:
   os.environ["PJRT_NPROC"] = str(MIN_CPU_THREADS)
@@ -23,10 +23,10 @@ for flag in (_FLAG, SLOW_COLLECTIVES):
   if flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# One persistent compilation cache for the session, inherited by the subprocess runs: the
+# One persistent compilation cache for the test run, inherited by the subprocess runs: the
 # suite compiles the same tiny programs in many tests and processes (test_batch_growth.py:
 # 95 s -> 68 s on 2 cores). A cached executable is the same binary, so bit-exact comparisons
-# hold. The directory is new each session and removed at exit.
+# hold. The directory is new each run and removed at exit.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import atexit
   import shutil

@@ -1,10 +1,14 @@
 """DATE never reports a diverged run as finished (step 10): trust in the progress, the watch,
 the optax API and the trainer's stop."""
 
+import dataclasses
 import doctest
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -271,6 +275,83 @@ def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_check
   assert not os.path.exists(tmp_path / "final_metrics.json")
 
 
+def _diverging_run(workdir):
+  """The LSTM at 1,000x its LR, slow to give up, a checkpoint every 5 steps, 2 kept."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=conftest.SLOW_COLLECTIVES)
+  return subprocess.Popen(
+      [sys.executable, "-m", "dateopt.cli", "--config",
+       os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(workdir),
+       "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
+       "--config.divergence_patience=1000", "--config.progress_bar=False",
+       "--config.checkpoint_every_steps=5", "--config.keep_checkpoints=2",
+       "--config.log_every_steps=1", "--config.dataset_kwargs.num_samples=4000",
+       "--config.eval_every_steps=0"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _rows(metrics):
+  """The complete rows of metrics.jsonl (a line still being written is left out)."""
+  if not os.path.exists(metrics):
+    return []
+  with open(metrics, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def _keep_rows_up_to(metrics, step):
+  """What a resumed run does to metrics.jsonl first: here before it starts, so that every
+  row past `step` is the new run's."""
+  if os.path.exists(metrics):
+    kept = [row for row in _rows(metrics) if row["step"] <= step]
+    with open(metrics, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(row) + "\n" for row in kept)
+
+
+def _wait_until_diverged(proc, metrics, deadline_seconds=300):
+  """Until metrics.jsonl shows 8 steps the engine calls diverged."""
+  deadline = time.monotonic() + deadline_seconds
+  while time.monotonic() < deadline:
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    if sum(row.get("train/date/diverged_steps", 0) > 0 for row in _rows(metrics)) >= 8:
+      return
+    time.sleep(0.2)
+  raise AssertionError("the run never diverged")
+
+
+def test_a_stop_while_diverged_saves_nothing_and_keeps_the_last_healthy_checkpoint(tmp_path):
+  """Three SIGTERMs, each while DATE calls the run diverged: each used to save the diverged
+  state, and with 2 kept the third had rotated every healthy checkpoint out."""
+  saved_before = None
+  for _ in range(3):
+    _keep_rows_up_to(tmp_path / "metrics.jsonl", max(saved_before or [0]))
+    proc = _diverging_run(tmp_path)
+    _wait_until_diverged(proc, tmp_path / "metrics.jsonl")
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, stderr[-3000:]
+    message = stderr.strip().splitlines()[-1]
+    saved = sorted(int(n) for n in os.listdir(tmp_path / "checkpoints") if n.isdigit())
+    assert message.startswith("dateopt-train: preempted (SIGTERM) at step "), message
+    since = int(message.split("diverged (since step ")[1].split(")")[0])
+    assert saved and max(saved) < since, (saved, message)  # nothing saved while diverged
+    assert message.endswith(f"The last healthy checkpoint, step {max(saved)}, is kept in "
+                            f"{tmp_path / 'checkpoints'}; rerun the same command to resume "
+                            "from it."), message
+    assert saved_before is None or saved == saved_before  # the reruns replay to the same end
+    saved_before = saved
+
+
+def test_the_last_healthy_checkpoint_is_the_newest_before_the_divergence_began():
+  from dateopt.train.diverged import EngineHealth
+  health = EngineHealth(diverged=True, gave_up=False, diverged_at=12, diverged_steps=6,
+                        stalled_steps=0, gradient_jumps=0, loss=9.0, first_loss=2.3,
+                        best_loss=2.0, gain=1.0, lr_scale=0.5)
+  # The divergence began at the 13th step: the checkpoint of step 15 was saved as it began,
+  # before the smoothed loss showed it.
+  assert health.last_healthy([5, 10, 15]) == 10
+  assert health.last_healthy([12]) == 12 and health.last_healthy([13, 15]) is None
+  assert dataclasses.replace(health, diverged_at=-1).last_healthy([5, 10, 15]) == 15
+
+
 def test_an_exploding_gradient_is_skipped_before_it_reaches_the_optimizer():
   tx = date.adaptive(lambda learning_rate: optax.adam(learning_rate),
                      optax.constant_schedule(1e-2), base_batch_size=32, batch_size=512,
@@ -317,8 +398,9 @@ def test_the_stop_message_names_the_skipped_gradients():
                         stalled_steps=0, gradient_jumps=100, loss=3.5, first_loss=2.3,
                         best_loss=2.3, gain=3.17, lr_scale=1.0)
   with pytest.raises(DivergedError, match=r"^stopped: the adaptive run skipped 100 steps whose "
-                     r"gradient exploded \(smoothed loss 3.5, against 2.3 at the start and 2.3 "
-                     r"at its best; gain 3.17, LR 3.93\)\. No checkpoint was saved before it\."):
+                     r"gradient exploded or was not finite \(smoothed loss 3.5, against 2.3 "
+                     r"at the start and 2.3 at its best; gain 3.17, LR 3.93\)\. No checkpoint "
+                     r"was saved before it\."):
     health.raise_if_gave_up(3.93, None, None)
 
 
@@ -412,3 +494,39 @@ def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
   assert np.isinf(float(state.gain_cap))
   assert float(state.gain) > before * (1 + date.GAIN_RISE)
   assert int(state.batch_size) == 1024
+
+
+def _gave_up_on(losses):
+  """An engine fed `losses` until it gives up; its health as the trainer reads it."""
+  from dateopt.train.diverged import EngineHealth
+  tx, params = _engine(base_steps=400, divergence_patience=20), {"w": jnp.ones(2)}
+  state, update = tx.init(params), jax.jit(tx.update)
+  for loss in losses:
+    _, state = update(params, state, params, grad_sq_norms=_sq_norms(100.0, 512), value=loss)
+    if bool(date.gave_up(state)):
+      return EngineHealth.read(state)
+  raise AssertionError("the engine never gave up")
+
+
+def test_a_run_that_never_learns_is_told_to_check_its_data_not_its_lr():
+  """Shuffled labels: the loss sits at chance. That is no divergence of the LR's making."""
+  from dateopt.train.diverged import DivergedError
+  health = _gave_up_on([2.3] * 2000)
+  assert health.never_learnt
+  with pytest.raises(DivergedError) as stopped:
+    health.raise_if_gave_up(0.1, "/run/checkpoints", 40)
+  message = str(stopped.value)
+  assert message.startswith(f"stopped: the adaptive run has not learnt: in "
+                            f"{health.losses_seen} steps its smoothed loss never fell 10% below "
+                            f"its start (2.3 at the start, 2.3 at its best, 2.3 now). The last "
+                            f"healthy checkpoint, step 40, is kept in /run/checkpoints."), message
+  assert "the data" in message and "plateau" in message and "Lower the" not in message
+
+
+def test_a_run_that_blows_up_is_still_told_to_lower_its_lr():
+  from dateopt.train.diverged import DivergedError
+  health = _gave_up_on([2.3] * 20 + [50.0] * 2000)
+  assert not health.never_learnt
+  with pytest.raises(DivergedError, match=r"diverged at step \d+ .* Lower the baseline's "
+                                          r"learning rate"):
+    health.raise_if_gave_up(0.1, None, None)

@@ -80,10 +80,10 @@ def test_several_seeds_give_mean_and_std_and_each_bar_on_the_means(tmp_path):
   # Hand arithmetic: baseline 97% ± 1.41; 16x 96% ± 1.41, 250 ± 71 steps; grown 130 steps.
   assert "| baseline | 32 | 97.00 ± 1.41% | 1,000 ± 0 |" in table
   assert "| DATE adaptive 16x | 512 | 96.00 ± 1.41% | 250 ± 71 | 250 | 2.10 | 0 |" in table
-  # 16x: -1.00 point, 0.250 of the steps: at both limits of issue 8's bar.
+  # 16x: -1.00 point, 0.250 of the steps: at both limits of the fixed-batch bar.
   assert ("- DATE adaptive 16x: -1.00 points vs the baseline, 0.250 of its steps, 2.10× its "
           "examples (bar: ≥ −1.0 point, ≤ 0.250 of the steps): met") in table
-  # Grown: 0.130 > 1/8 of the steps and 2.6x > 2.5x the examples: issue 18's bar is missed.
+  # Grown: 0.130 > 1/8 of the steps and 2.6x > 2.5x the examples: the grown-batch bar is missed.
   assert ("- DATE adaptive, batch grown to 64x: -1.00 points vs the baseline, 0.130 of its "
           "steps, 2.60× its examples (bar: ≥ −1.0 point, ≤ 0.125 of the steps, ≤ 2.5× the "
           "examples): NOT met") in table

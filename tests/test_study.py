@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "study_tiny_config.py")
 
 
-def test_grid_has_the_issues_cells_in_dependency_order():
+def test_grid_has_the_study_cells_in_dependency_order():
   cells = study.grid(["lstm"])
   # 3 baselines; 6 batches x (3 DATE seeds + 4 static rules + LEGW at DATE's steps).
   assert len(cells) == 3 + 6 * (3 + 4 + 1)

@@ -28,6 +28,7 @@ from dateopt.data.base import (
     image_layout,
     process_rows,
 )
+from dateopt.data.errors import UndecodableRecordError, WorkerDiedError
 from dateopt.data.registry import DATASET_NAMES, get_dataset
 
 __all__ = [
@@ -37,6 +38,8 @@ __all__ = [
     "ExampleSource",
     "LAYOUTS",
     "TASKS",
+    "UndecodableRecordError",
+    "WorkerDiedError",
     "epoch_permutation",
     "example_rng",
     "get_dataset",

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Protocol
 import numpy as np
 
 from dateopt import epochs, extras
+from dateopt.data import workers
 from dateopt.data.augment import ShiftScaleNoise, augment_level
 from dateopt.validation import check_choice, check_range, check_same_length, check_type
 
@@ -99,10 +100,19 @@ class PerExampleSource(ExampleSource, Protocol):
   `example(index, augment_key)` returns {"inputs": one example's input,
   "labels": its label}, the row `gather` would return for it. A `Dataset`
   with `num_workers` maps it in worker processes, so the source must pickle.
+
+  A source that stands one record in for another it cannot read (`jpeg.JpegSource`
+  with `max_undecodable_records`) adds `SKIPPED_KEY` to every example: the record it
+  stands in for, or -1. In worker processes its count lives in the workers' copies, so
+  the batches carry it back and `count_skipped(indices)` counts those records in this
+  process (and raises past its bound); the key never reaches a batch.
   """
 
   def example(self, index: int, augment_key: AugmentKey | None) -> dict[str, Any]:
     ...
+
+
+SKIPPED_KEY = "skipped_record"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq would compare arrays elementwise
@@ -261,14 +271,23 @@ class _ExampleChunk:
   size: int
 
   def __call__(self, chunk: int) -> Batch:
-    stacked = None
-    for row, slot in enumerate(range(chunk * self.size, (chunk + 1) * self.size)):
-      example = self.example_at(slot)
-      if stacked is None:
-        stacked = {key: _shared_array((self.size,) + np.shape(value), np.asarray(value).dtype)
-                   for key, value in example.items()}
-      for key, value in example.items():
-        stacked[key][row] = value  # the one copy: straight into the memory the batch reads
+    stacked = {}
+    try:
+      for row, slot in enumerate(range(chunk * self.size, (chunk + 1) * self.size)):
+        example = self.example_at(slot)
+        if not stacked:
+          stacked = {key: _shared_array((self.size,) + np.shape(value),
+                                        np.asarray(value).dtype)
+                     for key, value in example.items()}
+        for key, value in example.items():
+          stacked[key][row] = value  # the one copy: straight into the memory the batch reads
+    except BaseException:
+      # A chunk that is never sent frees its shared memory now, not the resource tracker
+      # at exit (with a warning of leaked memory); the traceback keeps this frame alive.
+      for array in stacked.values():
+        getattr(array, "unlink_on_del", lambda: None)()
+      stacked.clear()
+      raise
     return stacked
 
 
@@ -306,24 +325,29 @@ def map_examples_in_workers(example_at: ExampleAt, num_batches: int | None, *,
   chunks = chunks.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
   buffered = max(1, prefetch_examples // (chunk * num_workers))  # chunks per worker
   chunks = chunks.mp_prefetch(grain.MultiprocessingOptions(
-      num_workers=num_workers, per_worker_buffer_size=buffered))
-  batches = chunks.batch(rows // chunk, drop_remainder=True, batch_fn=_concatenate)
-  return _ClosedWhenDone(iter(grain.experimental.ThreadPrefetchIterDataset(
-      batches, prefetch_buffer_size=1)))
+      num_workers=num_workers, per_worker_buffer_size=buffered),
+      worker_init_fn=workers.exit_with_parent(os.getpid()))  # none outlives this process
+  count = workers.ChunkCount(num_workers)
+  batches = chunks.map(count).batch(rows // chunk, drop_remainder=True,
+                                    batch_fn=_concatenate)
+  return _WorkerBatches(iter(grain.experimental.ThreadPrefetchIterDataset(
+      batches, prefetch_buffer_size=1)), example_at.source, count)
 
 
-class _ClosedWhenDone:
-  """An iterator that stops its workers at its end, or at exit, while Python is whole.
+class _WorkerBatches:
+  """The workers' batches: closed at their end, on an error or at exit, a dead worker named.
 
   grain's iterator stops its worker processes in `close`, and again when it
   is collected; collected during interpreter shutdown, after the modules its
-  `close` needs, it prints errors. So an exhausted pass (an eval pass) closes
-  itself and lets go of grain's iterator, and an atexit hook does the same for
-  the iterators still open.
+  `close` needs, it prints errors. So an exhausted pass (an eval pass) or a
+  failed one closes itself and lets go of grain's iterator, and an atexit hook
+  does the same for the iterators still open. A worker that died (killed, out
+  of memory) ends the iteration with a `WorkerDiedError` rather than grain's
+  traceback, and the records the workers skipped are counted on `source`.
   """
 
-  def __init__(self, iterator):
-    self._iterator = iterator
+  def __init__(self, iterator, source, count: workers.ChunkCount):
+    self._iterator, self._source, self._count = iterator, source, count
     _OPEN_WORKER_ITERATORS.add(self)
 
   def __iter__(self):
@@ -331,16 +355,31 @@ class _ClosedWhenDone:
 
   def __next__(self) -> Batch:
     try:
-      return next(self._iterator)
+      batch = next(self._iterator)
+      _count_skipped(batch, self._source)
     except StopIteration:
       self.close()
       raise
+    except Exception as error:
+      self.close()
+      died = workers.dead_worker_error(error, self._count)
+      if died is None:
+        raise
+      raise died from None  # grain's traceback of it shows only its own frames
+    return batch
 
   def close(self) -> None:
     iterator, self._iterator = self._iterator, iter(())
     close = getattr(iterator, "close", None)
     if close is not None:
       close()
+
+
+def _count_skipped(batch: Batch, source: Any) -> None:
+  """Takes the workers' `SKIPPED_KEY` out of `batch` and counts its records on `source`."""
+  skipped = batch.pop(SKIPPED_KEY, None)
+  if skipped is not None and (skipped >= 0).any():
+    source.count_skipped(skipped[skipped >= 0])
 
 
 _OPEN_WORKER_ITERATORS: weakref.WeakSet = weakref.WeakSet()
@@ -420,6 +459,12 @@ class Dataset:
   def _map_in_workers(self, example_at: ExampleAt, num_batches: int | None) -> Iterator[Batch]:
     return map_examples_in_workers(example_at, num_batches, num_workers=self.num_workers,
                                    prefetch_examples=self.prefetch_examples)
+
+  @property
+  def undecodable_records(self) -> int:
+    """Records skipped so far because they do not decode (`max_undecodable_records`)."""
+    sources = {id(source): source for source in (self.train_source, self.eval_source)}
+    return sum(getattr(source, "undecodable_records", 0) for source in sources.values())
 
   @property
   def num_train_examples(self) -> int:

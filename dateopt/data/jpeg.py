@@ -22,7 +22,10 @@ then shrink what is left. Two things make that cheap here:
   crosses to the device at a quarter of float32's size.
 
 Grayscale JPEGs come out as RGB. The few JPEGs libjpeg-turbo cannot convert
-to RGB (CMYK), and non-JPEG bytes, are decoded by PIL instead.
+to RGB (CMYK), and non-JPEG bytes, are decoded by PIL instead. Bytes neither
+decodes (a truncated file, an empty record, no image at all) stop the pipeline
+with an `UndecodableRecordError` naming the record, or, up to a bound, are
+skipped (`JpegSource.max_undecodable_records`).
 
 Example:
   >>> import numpy as np, simplejpeg
@@ -37,20 +40,32 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import logging
 import math
 import os
-from typing import Any, Mapping, Sequence
+import re
+import struct
+import threading
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
 from dateopt import extras
 from dateopt.data import image_ops
-from dateopt.data.base import AugmentKey, Batch, example_rng
-from dateopt.validation import check_same_length
+from dateopt.data.base import SKIPPED_KEY, AugmentKey, Batch, example_rng
+from dateopt.data.errors import UndecodableRecordError, where_records_are
+from dateopt.validation import check_range, check_same_length, check_type
 
 Box = tuple[int, int, int, int]  # top, left, height, width in the full image's pixels
 DCT_FACTORS = (1, 2, 4, 8)  # the reductions libjpeg-turbo does for free
+# What the decoders raise for bytes that hold no image they can read: simplejpeg a
+# ValueError, PIL an OSError (a truncated file; UnidentifiedImageError for no image) or,
+# from some of its plugins, one of the others.
+DECODE_ERRORS = (ValueError, OSError, SyntaxError, EOFError, IndexError, struct.error,
+                 ZeroDivisionError, Image.DecompressionBombError)
+
+_log = logging.getLogger(__name__)
 
 
 def _simplejpeg():
@@ -193,6 +208,14 @@ class JpegSource:
   `train_crop`, of level "weak" `weak_crop`, their randomness drawn from
   `example_rng(augment_key, index)`. Inputs are (size, size, 3) uint8.
 
+  A record whose image does not decode stops the pipeline with an
+  `UndecodableRecordError` naming it (`dataset`, `split` and its index), unless
+  `max_undecodable_records` allows more: then up to that many are skipped,
+  each replaced by the next decodable record of the split (its image and
+  label, cropped with the skipped record's randomness, so every run serves the
+  same), logged once as a warning and counted (`undecodable_records`); one more
+  stops the pipeline.
+
   Example:
     >>> import numpy as np, simplejpeg
     >>> records = [{"image": simplejpeg.encode_jpeg(np.zeros((40, 60, 3), np.uint8)),
@@ -203,13 +226,53 @@ class JpegSource:
 
   records: Sequence[Mapping[str, Any]] = dataclasses.field(repr=False)
   image_size: int = 224
+  dataset: str = ""
+  split: str = ""
+  max_undecodable_records: int = 0
+  _undecodable: UndecodableRecords = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    check_type("max_undecodable_records", self.max_undecodable_records, int,
+               what="a non-negative int")
+    check_range("max_undecodable_records", self.max_undecodable_records, low=0)
+    object.__setattr__(self, "_undecodable", UndecodableRecords(
+        self.dataset, self.split, self.max_undecodable_records))
 
   def __len__(self) -> int:
     return len(self.records)
 
+  @property
+  def undecodable_records(self) -> int:
+    """The undecodable records skipped so far (in worker processes too)."""
+    return len(self._undecodable)
+
   def example(self, index: int, augment_key: AugmentKey | None) -> dict[str, Any]:
-    record = self.records[int(index)]
+    index, skipped = int(index), []
+    for offset in range(len(self)):
+      served = (index + offset) % len(self)
+      record = self.records[served]  # a failed read is no bad record: it is not caught
+      try:
+        example = self._crop(record, augment_key, index)
+      except DECODE_ERRORS as error:
+        reason = decode_failure(error)
+        if self._undecodable.add(served, reason):  # raises past the bound
+          skipped.append((served, reason))
+        continue
+      for bad, reason in skipped:
+        self._undecodable.warn(bad, reason, served)
+      if self.max_undecodable_records:  # the workers' batches carry it back
+        example[SKIPPED_KEY] = np.int64(index if offset else -1)
+      return example
+    raise UndecodableRecordError(self.dataset, self.split, index,
+                                 reason="no record of the split decodes",
+                                 allowed=self.max_undecodable_records, found=len(self))
+
+  def _crop(self, record: Mapping[str, Any], augment_key: AugmentKey | None,
+            index: int) -> dict[str, Any]:
+    """The example of `record`, with the randomness of example `index`."""
     data, size = record["image"], self.image_size
+    if not len(data):
+      raise ValueError("the image is empty (0 bytes)")
     if augment_key is None:
       image = eval_crop(data, size)
     else:
@@ -217,10 +280,67 @@ class JpegSource:
       image = crop(data, size, example_rng(augment_key, index))
     return {"inputs": image, "labels": np.int32(record["label"])}
 
+  def count_skipped(self, indices: Iterable[int]) -> None:
+    """Counts records that worker processes skipped; raises past the bound, as they would."""
+    for index in indices:
+      self._undecodable.add(int(index), "its decode failed in a data worker process, whose "
+                            "warning names the decoder's error")
+
   def gather(self, indices: np.ndarray, augment_key: AugmentKey | None) -> Batch:
     examples = [self.example(int(index), augment_key) for index in indices]
     return {"inputs": np.stack([example["inputs"] for example in examples]),
             "labels": np.array([example["labels"] for example in examples], np.int32)}
+
+
+class UndecodableRecords:
+  """The undecodable records one source has met, against its bound (thread-safe, pickles)."""
+
+  def __init__(self, dataset: str, split: str, allowed: int):
+    self.dataset, self.split, self.allowed = dataset, split, allowed
+    self._found: set[int] = set()
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._found)
+
+  def __getstate__(self):
+    return {key: value for key, value in self.__dict__.items() if key != "_lock"}
+
+  def __setstate__(self, state):
+    self.__dict__.update(state, _lock=threading.Lock())
+
+  def add(self, index: int, reason: str) -> bool:
+    """Counts record `index`: True the first time.
+
+    Raises:
+      UndecodableRecordError: when it is one more than `allowed` (any, with the skip off).
+    """
+    with self._lock:
+      if index in self._found:
+        return False
+      if len(self._found) >= self.allowed:
+        raise UndecodableRecordError(self.dataset, self.split, index, reason=reason,
+                                     allowed=self.allowed, found=len(self._found) + 1)
+      self._found.add(index)
+      return True
+
+  def warn(self, index: int, reason: str, replacement: int) -> None:
+    _log.warning("%s: record %d cannot be decoded (%s); replaced by record %d (skipped: "
+                 "max_undecodable_records=%d)", where_records_are(self.dataset, self.split),
+                 index, reason, replacement, self.allowed)
+
+
+def decode_failure(error: BaseException) -> str:
+  """What the decoders said of bytes they could not read: both, when PIL was the fallback."""
+  first = error.__context__
+  if isinstance(first, ValueError) and not error.__suppress_context__:  # PIL after simplejpeg
+    return f"libjpeg-turbo: {_said(first)}; PIL: {_said(error)}"
+  return f"{type(error).__name__}: {_said(error)}"
+
+
+def _said(error: BaseException) -> str:
+  # PIL names the BytesIO it read, by address: nothing a reader can use.
+  return re.sub(r" <_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(error))
 
 
 @dataclasses.dataclass(frozen=True)

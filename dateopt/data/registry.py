@@ -44,7 +44,8 @@ def get_dataset(name: str, /, *, data_dir: str | None = None, **kwargs: Any) -> 
     - "imagenet2012": TFDS ImageNet with Inception crop + flip (train) and
       resize + center crop (eval), uint8 (the model normalises them):
       `image_size` (224), `train_split`, `eval_split`, `num_workers` (one per
-      core), `prefetch_examples` (512).
+      core), `prefetch_examples` (512), `max_undecodable_records` (0: a record
+      that does not decode stops the run; N: up to N per split are skipped).
     - "ptb": PTB-format text files in `data_dir`: `seq_len` (35),
       `eval_split` ("valid" or "test").
     - "shakespeare": the 42 Gutenberg works of Shakespeare as UTF-8 bytes

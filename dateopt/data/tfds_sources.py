@@ -113,7 +113,8 @@ def build_mnist(*, data_dir: str | None = None, layout: str = "image", train_spl
 def build_imagenet2012(*, data_dir: str | None = None, image_size: int = 224,
                        train_split: str = "train", eval_split: str = "validation",
                        num_workers: int | None = None,
-                       prefetch_examples: int = DEFAULT_PREFETCH_EXAMPLES) -> Dataset:
+                       prefetch_examples: int = DEFAULT_PREFETCH_EXAMPLES,
+                       max_undecodable_records: int = 0) -> Dataset:
   """ImageNet-1k from TFDS with the standard ResNet preprocessing, as uint8 HWC images.
 
   Train: Inception crop to image_size, random flip. Eval (and train with
@@ -124,6 +125,11 @@ def build_imagenet2012(*, data_dir: str | None = None, image_size: int = 224,
   subtracts the ImageNet mean and divides by the std (0-255 scale) on the
   accelerator: the dataset's `input_normalization`.
 
+  A record that does not decode stops the run with an `UndecodableRecordError`
+  naming it; `max_undecodable_records` = N skips up to N per split instead, each
+  replaced by the next decodable record (`jpeg.JpegSource`; counted in the
+  dataset's `undecodable_records`).
+
   Example:
     >>> ds = build_imagenet2012(data_dir="/data/tfds")  # doctest: +SKIP
   """
@@ -131,11 +137,14 @@ def build_imagenet2012(*, data_dir: str | None = None, image_size: int = 224,
 
   num_workers = default_num_workers() if num_workers is None else num_workers
   _check_count("num_workers", num_workers)
+  _check_count("max_undecodable_records", max_undecodable_records)
   check_type("image_size", image_size, int, what="a positive int")
   check_range("image_size", image_size, low=1)
   train, evaluation = (
       jpeg.JpegSource(open_tfds_split("imagenet2012", split, data_dir, encoded_images=True),
-                      image_size) for split in (train_split, eval_split))
+                      image_size, dataset="imagenet2012", split=split,
+                      max_undecodable_records=max_undecodable_records)
+      for split in (train_split, eval_split))
   return Dataset(name="imagenet2012", task="classification", num_classes=1000,
                  input_shape=(image_size, image_size, 3), input_dtype=np.dtype(np.uint8),
                  train_source=train, eval_source=evaluation, num_workers=num_workers,

@@ -91,7 +91,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
   if recipe.adaptive:
     ladder = None
     if recipe.grow_batch:
-      ladder = batch_sizes or batch_ladder(recipe.base_batch_size, recipe.batch_size)
+      given = batch_sizes is not None and len(batch_sizes) > 0  # a numpy array too
+      ladder = batch_sizes if given else batch_ladder(recipe.base_batch_size, recipe.batch_size)
     tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,

@@ -48,10 +48,11 @@ every time) the engine gives up for good: every update is zero, and
 
 `gradient_jump` (a gradient `GRADIENT_JUMP` × its expected squared norm) is
 the watch's third test: `adaptive` skips such a step (`count_gradient_jump`),
-and a run whose gradients keep exploding is stopped by the same patience: its
-skipped steps never move its loss, so it could neither diverge by the loss
-rules nor end (the main job at 1000x its LR skipped 7,524 of 7,563 steps and
-"finished" at 10%, notes/divergence.md). None of these fired as
+as it does a step whose gradient or update is not finite, and a run whose
+gradients keep exploding is stopped by the same patience: its skipped steps
+never move its loss, so it could neither diverge by the loss rules nor end
+(the main job at 1000x its LR skipped 7,524 of 7,563 steps and "finished" at
+10%, notes/divergence.md). None of these fired as
 a divergence on any healthy run the project has (notes/divergence.md); where
 nothing fires, the engine's arithmetic is that of an engine without the
 watch, bit for bit.
@@ -117,7 +118,8 @@ class DivergenceWatchState(NamedTuple):
     divergences: divergences so far (each one a run of diverged steps).
     holds: steps so far whose loss was rising (`loss_rising`): no noise
       measurement, gain 1.
-    gradient_jumps: steps skipped by `adaptive` for a `gradient_jump`.
+    gradient_jumps: steps skipped by `adaptive` for a `gradient_jump`, or for a
+      gradient or update that is not finite (the limit of an explosion).
     gains_held: healthy, steady steps whose gain `adaptive` kept below the measured
       one (its rise bounded, or held on a |G|² estimate ≤ 0).
     lr_scale: the factor on the LR, 1 until a divergence cuts it.
@@ -329,11 +331,24 @@ def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
   return has_learnt(state) & (state.fast - state.best <= CLIMB_SHARE * gains)
 
 
+def adaptive_part(opt_state: Any, name: str) -> Any:
+  """The part `name` (`"AdaptiveState"`, `"DivergenceWatchState"`) of the `adaptive`
+  engine's state somewhere in `opt_state`: what every reader of the engine's state
+  looks it up with, so that each one fails alike on a state without the engine.
+
+  Raises:
+    ValueError: `opt_state` holds no such part (a plain optax optimizer's state).
+  """
+  part = optax.tree.get(opt_state, name)
+  if part is None:
+    raise ValueError(f"opt_state holds no dateopt.date.adaptive state ({name}): pass the state "
+                     f"of the optimizer date.adaptive (or date.build of an adaptive recipe) "
+                     f"made.")
+  return part
+
+
 def _watch(opt_state: Any) -> DivergenceWatchState:
-  watch = optax.tree.get(opt_state, DivergenceWatchState.__name__)
-  if watch is None:
-    raise ValueError("opt_state holds no dateopt.date.adaptive state (DivergenceWatchState).")
-  return watch
+  return adaptive_part(opt_state, DivergenceWatchState.__name__)
 
 
 def diverged(opt_state: Any) -> jax.Array:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dateopt.validation import check_range
+from dateopt.validation import check_range, check_scalar
 
 # The defaults come from the per-step training losses of healthy runs with the
 # guard off: the MNIST-1D LSTM baseline of the main job (Adam 2e-3, batch 32,
@@ -81,7 +81,8 @@ class DivergenceGuardState(NamedTuple):
     return self.num_nonfinite + self.num_spikes
 
 
-def _all_finite(tree: Any) -> jax.Array:
+def all_finite(tree: Any) -> jax.Array:
+  """Whether every entry of every leaf of `tree` is finite (True for an empty tree)."""
   leaves = jax.tree.leaves(tree)
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])) if leaves \
       else jnp.array(True)
@@ -232,13 +233,12 @@ def divergence_guard(
         num_accepted=zero, consecutive_spikes=zero, num_nonfinite=zero, num_spikes=zero)
 
   def update_fn(updates, state, params=None, *, value=None, **extra_args):
-    if value is not None and jnp.ndim(value) != 0:
-      raise ValueError(f"divergence_guard: value= must be the scalar loss; got an array of "
-                       f"shape {jnp.shape(value)}.")
+    if value is not None:
+      check_scalar("divergence_guard: value=", value, what="the scalar loss")
     # `lr_multiplier=`: the share of its LR the step gets, for `date.adaptive`'s progress.
     new_updates, new_inner = inner.update(updates, state.inner_state, params, value=value,
                                           lr_multiplier=state.lr_multiplier, **extra_args)
-    finite = _all_finite(updates) & _all_finite(new_updates)
+    finite = all_finite(updates) & all_finite(new_updates)
     loss = state.loss_mean if value is None else jnp.asarray(value, jnp.float32)
     if value is None:  # static: no loss, no spike test, no statistics
       spike = jnp.array(False)

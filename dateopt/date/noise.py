@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import transforms
-from dateopt.validation import check_range
+from dateopt.validation import as_int, check_range
 
 # --------------------------------------------------------------------------
 # Measuring: squared gradient norms at two batch sizes.
@@ -55,6 +55,25 @@ class GradientSqNorms(NamedTuple):
   big: jax.Array
   small_batch_size: Any
   big_batch_size: Any
+
+
+def check_batch_sizes(small_batch_size: Any, big_batch_size: Any) -> None:
+  """The readings' batch sizes, checked where they are concrete: whole numbers with
+  1 ≤ small < big (the estimates divide by both and by their difference).
+
+  Traced sizes (a `GradientSqNorms` passed through `jax.jit`) are not checked.
+
+  Example:
+    >>> check_batch_sizes(8, 64)
+    >>> check_batch_sizes(8, 8)   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: big_batch_size must be greater than small_batch_size=8 ...
+  """
+  small = as_int("small_batch_size", small_batch_size, low=1)
+  big = as_int("big_batch_size", big_batch_size, low=1)
+  if isinstance(small, int) and isinstance(big, int) and big <= small:
+    raise ValueError(f"big_batch_size must be greater than small_batch_size={small} (the noise "
+                     f"scale compares the two batches); got {big}.")
 
 
 def tree_sq_norm(tree: Any, leaf_scales: Any = None) -> jax.Array:
@@ -111,6 +130,7 @@ def cross_replica_sq_norms(
     >>> # inside a shard_map'd train step over axis "data":
     >>> # grads, sq_norms = cross_replica_sq_norms(local_grads, "data", 32)
   """
+  as_int("local_batch_size", local_batch_size, low=1)
   grads = jax.lax.pmean(local_grads, axis_name)
   scales = _scales_of(leaf_scales, grads)
   small = jax.lax.pmean(tree_sq_norm(local_grads, scales), axis_name)
@@ -205,7 +225,8 @@ def combine_group_grads(values: Any, group_grads: Any, batch_size: int, *,
     values: per-group values (leading axis: groups), averaged over groups.
     group_grads: per-group gradients (leading axis: groups), each one the
       mean over `batch_size / num_groups` examples.
-    batch_size: examples in all groups together (the big batch).
+    batch_size: examples in all groups together (the big batch): a whole
+      number the groups divide.
     leaf_scales: None (the gradient's norms), or `fn(mean_grads) -> tree` of
       one scalar per leaf: the factor the optimizer puts on each leaf's
       gradient (LARS's trust ratios: `date.noise_leaf_scales`). The norms, and the
@@ -220,6 +241,10 @@ def combine_group_grads(values: Any, group_grads: Any, batch_size: int, *,
     (1.0, 0.5, 4)
   """
   num_groups = jax.tree.leaves(group_grads)[0].shape[0]
+  batch_size = as_int("batch_size", batch_size, low=1)
+  if isinstance(batch_size, int) and batch_size % num_groups:
+    raise ValueError(f"batch_size={batch_size} must be divisible by num_groups={num_groups} "
+                     f"(the leading axis of group_grads).")
   grads = jax.tree.map(lambda g: jnp.mean(g, axis=0), group_grads)
   scales = _scales_of(leaf_scales, grads)
   small = jnp.mean(jax.vmap(lambda g: tree_sq_norm(g, scales))(group_grads))
@@ -234,6 +259,7 @@ def no_measurement(small_batch_size: int, big_batch_size: int) -> GradientSqNorm
   A train step that measures only every N steps passes this on the others,
   so the optimizer's call signature (and its compiled program) stays the same.
   """
+  check_batch_sizes(small_batch_size, big_batch_size)
   nan = jnp.full((), jnp.nan, jnp.float32)
   return GradientSqNorms(nan, nan, small_batch_size, big_batch_size)
 
@@ -253,6 +279,7 @@ def noise_estimates(sq_norms: GradientSqNorms) -> tuple[jax.Array, jax.Array]:
     >>> [float(x) for x in noise_estimates(GradientSqNorms(5.0, 2.375, 10, 80))]
     [2.0, 30.0]
   """
+  check_batch_sizes(sq_norms.small_batch_size, sq_norms.big_batch_size)
   b_small = jnp.asarray(sq_norms.small_batch_size, jnp.float32)
   b_big = jnp.asarray(sq_norms.big_batch_size, jnp.float32)
   small = jnp.asarray(sq_norms.small, jnp.float32)
@@ -542,7 +569,7 @@ def predicted_steps(noise_scale: float, *, base_batch_size: int, batch_size: int
     1000
   """
   gain = adascale_gain(noise_scale, base_batch_size, batch_size)
-  check_range("base_steps", base_steps, low=1)
+  as_int("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0)
   warmup_progress = gain * (warmup_steps + 1) / 2.0 if warmup_steps else 0.0
   if warmup_progress >= base_steps:  # the baseline ends inside the ramp: n(n+1) ≥ 2TW/r

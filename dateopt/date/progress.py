@@ -74,7 +74,9 @@ sets a new best. Each noise reading is winsorized against the EMAs
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date.divergence` watches the run. A step whose gradient jumps
 `GRADIENT_JUMP` times its expected squared norm is skipped, so an exploding
-gradient never reaches the optimizer's moments. While its loss is on the way up
+gradient never reaches the optimizer's moments; so is a step whose gradient, or the
+update the optimizer makes of it, is not finite (with the watch, both count toward
+`divergence_patience`). While its loss is on the way up
 the noise is not measured and the gain is 1 (the baseline's pace); once the run is
 diverged it holds the progress, cuts the LR, and gives up after
 `divergence_patience` steps.
@@ -86,6 +88,7 @@ way `divergence_guard` takes `value=`.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -95,6 +98,7 @@ import optax
 from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
+    adaptive_part,
     count_gradient_jump,
     gradient_jump,
     has_learnt,
@@ -103,6 +107,7 @@ from dateopt.date.divergence import (
     may_grow_batch,
     update_watch,
 )
+from dateopt.date.guard import all_finite
 from dateopt.date.noise import (
     SIGNAL_DECAY,
     GradientSqNorms,
@@ -115,7 +120,7 @@ from dateopt.date.noise import (
     update_noise_scale,
 )
 from dateopt.date.recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
-from dateopt.validation import check_choice, check_range
+from dateopt.validation import as_int, check_choice, check_range, check_scalar
 
 
 class AdaptiveState(NamedTuple):
@@ -178,7 +183,8 @@ def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int 
 
   Every rung is a multiple of `multiple_of` (what the devices, gradient groups
   and accumulation need: `dateopt.train` passes its batch layout's quantum),
-  and the last rung is `max_batch_size` itself.
+  and the last rung is `max_batch_size` itself. The arguments are whole numbers
+  (16.0 and numpy integers pass; 16.5 raises ValueError naming it); the rungs are ints.
 
   Example:
     >>> batch_ladder(32, 2048)
@@ -186,8 +192,9 @@ def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int 
     >>> batch_ladder(20, 96, multiple_of=8)
     (24, 48, 96)
   """
-  check_range("base_batch_size", base_batch_size, low=1)
-  check_range("multiple_of", multiple_of, low=1)
+  base_batch_size = as_int("base_batch_size", base_batch_size, low=1)
+  multiple_of = as_int("multiple_of", multiple_of, low=1)
+  max_batch_size = as_int("max_batch_size", max_batch_size, low=1)
   if max_batch_size % multiple_of:
     raise ValueError(f"max_batch_size={max_batch_size} must be a multiple of {multiple_of} "
                      f"(the batch layout's quantum).")
@@ -432,9 +439,13 @@ def adaptive(
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
     `GradientSqNorms` (`grouped_value_and_grad`, `cross_replica_sq_norms`,
     or `no_measurement` on steps that do not measure); its
-    `big_batch_size` is the batch the step had. Once τ ≥ T0 every update is
-    zero: check `progress_done(state, base_steps)` to stop. With a growing
-    batch, train the next step at `next_batch_size(state)`.
+    `big_batch_size` is the batch the step had. Without them nothing is
+    measured and the gain stays 1: `update` warns at trace time (unless
+    `batch_size` is the baseline's). `value=`, the loss, must be a scalar.
+    A step whose gradient or update is not finite is skipped: a zero update,
+    nothing credited. Once τ ≥ T0 every update is zero: check
+    `progress_done(state, base_steps)` to stop. With a growing batch, train
+    the next step at `next_batch_size(state)`.
 
   Example:
     >>> base = optax.cosine_decay_schedule(1e-2, 1000)
@@ -465,6 +476,7 @@ def adaptive(
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 value=None, lr_multiplier=None, **extra_args):
+    _check_update(grad_sq_norms, value, measures=batch_size > base_batch_size)
     watch = state.watch
     watching = value is not None and divergence_patience is not None  # static
     if watching:
@@ -472,14 +484,12 @@ def adaptive(
                            progress_fraction=state.progress / base_steps)
     healthy = watch.diverged_steps == 0
     steady = healthy & ~loss_rising(watch)  # else the gradient's noise is the run's own
-    noise, jump = state.noise, jnp.array(False)
-    if grad_sq_norms is not None:  # static: either always given or never
-      if divergence_patience is not None:  # static: the watch's skip of an exploding gradient
-        jump = gradient_jump(state.noise, grad_sq_norms, noise_decay)
-      measured_noise = update_noise_scale(noise, grad_sq_norms, noise_decay,
-                                          signal_decay=signal_decay)
-      noise = jax.tree.map(lambda new, old: jnp.where(steady & ~jump, new, old),
-                           measured_noise, noise)
+    # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
+    # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
+    finite = all_finite(updates)
+    noise, jump = _measure(state.noise, grad_sq_norms, steady & finite, noise_decay=noise_decay,
+                           signal_decay=signal_decay, watched=divergence_patience is not None)
+    skip = jump | ~finite
     step_batch, read = batch_size, noise
     if ladder:  # the batch this step had: the norms say it, else the one asked for
       step_batch = state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
@@ -529,44 +539,79 @@ def adaptive(
           next_batch = _early_climb(next_batch, state.batch_size, count, noise, ladder,
                                     steady & ~learnt, step_price, growth_interval)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
-      return new_updates, AdaptiveState(
+      stepped = new_updates, AdaptiveState(
           new_inner, progress, count, noise, next_batch, gain,
           jnp.asarray(step_batch, jnp.int32),
           watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap)
+      # An update the optimizer made non-finite (an infinite LR, 0/0) is skipped as well.
+      return jax.tree.map(lambda new, old: jnp.where(all_finite(new_updates), new, old),
+                          stepped, idle(jnp.array(True)))
 
-    def idle():  # the schedule is covered, the run gave up, or its gradient jumped: no update
-      counted = (watch if divergence_patience is None  # static: no watch, no jumps
-                 else count_gradient_jump(watch, jump, patience=divergence_patience))
+    def idle(skipped):  # the schedule is covered, the run gave up, or the step was skipped
+      counted = (watch if divergence_patience is None  # static: no watch, no count
+                 else count_gradient_jump(watch, skipped, patience=divergence_patience))
       return jax.tree.map(jnp.zeros_like, updates), state._replace(noise=noise, watch=counted)
 
-    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | jump, idle, step)
+    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | skip,
+                        lambda: idle(skip), step)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _measure(noise, grad_sq_norms, ok, *, noise_decay, signal_decay, watched):
+  """The noise EMAs after the step's readings, and whether its gradient jumped
+  (`gradient_jump`, only `watched`). A step not `ok` (a rising loss, a diverged run, a
+  non-finite gradient), or one that jumped, leaves the EMAs as they were."""
+  if grad_sq_norms is None:  # static: either always given or never
+    return noise, jnp.array(False)
+  jump = gradient_jump(noise, grad_sq_norms, noise_decay) if watched else jnp.array(False)
+  measured = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay)
+  return jax.tree.map(lambda new, old: jnp.where(ok & ~jump, new, old), measured, noise), jump
+
+
+def _check_update(grad_sq_norms, value, *, measures: bool) -> None:
+  """`adaptive`'s update arguments, at trace time: a scalar loss, and readings when the
+  engine `measures` (its batch is larger than the baseline's: else the gain is 1 anyway)."""
+  if value is not None:
+    check_scalar("date.adaptive: value=", value, what="the scalar loss")
+  if grad_sq_norms is None and measures:
+    # A warning, not an error: without readings the engine still trains soundly, at the
+    # baseline's pace (tracing an update, a smoke test); what must not pass is the silence.
+    warnings.warn(
+        "date.adaptive: update() got no grad_sq_norms, so no gradient noise is measured and "
+        "the gain stays 1 (the baseline's pace; a growing batch stays at its first rung). "
+        "Pass the step's GradientSqNorms as update(..., grad_sq_norms=...): from "
+        "date.grouped_value_and_grad, date.combine_group_grads or "
+        "date.cross_replica_sq_norms, and date.no_measurement on steps that do not measure.",
+        UserWarning, stacklevel=3)
 
 
 def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule,
                     noise_decay, signal_decay, step_price, noise_batch_exponent, growth_interval,
                     divergence_patience) -> None:
   """`adaptive`'s numbers and choices, checked: an error names the field and what it allows."""
-  check_range("base_batch_size", base_batch_size, low=1)
-  check_range("batch_size", batch_size, low=base_batch_size)
-  check_range("base_steps", base_steps, low=1)
+  as_int("base_batch_size", base_batch_size, low=1)
+  as_int("batch_size", batch_size, low=base_batch_size)
+  as_int("base_steps", base_steps, low=1)  # before the warmup, whose range it sets
   check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
   check_choice("gain_rule", gain_rule, GAIN_RULES)
   check_decays(noise_decay, signal_decay)
   check_range("step_price", step_price, low=0.0, low_inclusive=False)
   check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
-  check_range("growth_interval", growth_interval, low=1)
+  as_int("growth_interval", growth_interval, low=1)
   if divergence_patience is not None:
-    check_range("divergence_patience", divergence_patience, low=1)
+    as_int("divergence_patience", divergence_patience, low=1)
 
 
 def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] | None:
-  """`batch_sizes` as a tuple of ints, checked: increasing, from ≥ B0 up to `batch_size`."""
+  """`batch_sizes` as a tuple of ints, checked: increasing, from ≥ B0 up to `batch_size`.
+
+  Each rung is a whole number (an int, a numpy integer, 64.0), named when it is not.
+  """
   if batch_sizes is None:
     return None
-  ladder = tuple(batch_sizes)
-  if (not ladder or any(isinstance(b, bool) or not isinstance(b, int) for b in ladder)
+  ladder = tuple(as_int(f"batch_sizes[{i}]", b) for i, b in enumerate(batch_sizes))
+  if (not ladder or any(not isinstance(b, int) for b in ladder)  # a jax array: not static
       or list(ladder) != sorted(set(ladder)) or ladder[0] < base_batch_size
       or ladder[-1] != batch_size):
     raise ValueError(
@@ -576,15 +621,19 @@ def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] |
 
 
 def progress_done(opt_state: Any, base_steps: int) -> jax.Array:
-  """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`."""
-  return optax.tree.get(opt_state, "progress") >= base_steps
+  """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`.
+
+  A state without one raises ValueError (`dateopt.date.divergence.adaptive_part`).
+  """
+  return adaptive_part(opt_state, AdaptiveState.__name__).progress >= base_steps
 
 
 def next_batch_size(opt_state: Any) -> jax.Array:
   """The batch the `adaptive` optimizer in `opt_state` wants for the next step (int32).
 
   A fixed-batch engine always says its `batch_size`; a growing one its current
-  rung. A loop follows it by feeding the next step that many examples:
+  rung (a state without an `adaptive` optimizer raises ValueError). A loop follows it by
+  feeding the next step that many examples:
 
     >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
     ...               optax.constant_schedule(0.1), base_batch_size=32,
@@ -593,7 +642,7 @@ def next_batch_size(opt_state: Any) -> jax.Array:
     >>> int(next_batch_size(tx.init({"w": jnp.ones(2)})))
     32
   """
-  return optax.tree.get(opt_state, AdaptiveState.__name__).batch_size
+  return adaptive_part(opt_state, AdaptiveState.__name__).batch_size
 
 
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,
@@ -641,8 +690,9 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     raise ValueError("noise_scales must be a number or a non-empty sequence of numbers.")
   for value in profile:
     check_range("noise_scales", value, low=0.0, finite=False)
-  ladder = _check_ladder(batch_sizes, base_batch_size, batch_sizes[-1] if batch_sizes else 0)
-  check_range("base_steps", base_steps, low=1)
+  rungs = tuple(batch_sizes)  # a numpy array too: its truth value is ambiguous
+  ladder = _check_ladder(rungs, base_batch_size, rungs[-1] if rungs else 0)
+  as_int("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0)
   check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   read_at = base_batch_size if read_at_batch_size is None else read_at_batch_size

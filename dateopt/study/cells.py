@@ -42,7 +42,7 @@ STRATEGIES: dict[str, str] = {
     "legw_date_steps": "static LEGW at DATE's steps",
 }
 STATIC_RULES = ("legw", "linear", "sqrt", "none")
-# The recorded grid; the grown batch (issue 18) is asked for by name (--strategies).
+# The recorded grid; the grown batch (adaptive_grow) is asked for by name (--strategies).
 DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "adaptive_grow")
 # DATE's strategies: every seed runs, and the baseline's noise scale predicts their steps.
 ADAPTIVE_STRATEGIES = ("adaptive", "adaptive_grow")
@@ -51,7 +51,7 @@ ADAPTIVE_STRATEGIES = ("adaptive", "adaptive_grow")
 GOYAL_WARMUP_SHARE = 5 / 90
 
 EVALS_PER_RUN = 16  # eval points per run: the steps to a target accuracy, at ~6% resolution
-BAR_TOLERANCE = 1.0  # accuracy points: "the baseline's accuracy" (issue 9's bar)
+BAR_TOLERANCE = 1.0  # accuracy points: "the baseline's accuracy" (the study's accuracy bar)
 
 CSV_COLUMNS = ("workload", "batch", "multiple", "strategy", "seed", "steps", "examples",
                "epochs", "predicted_steps", "final_accuracy", "best_accuracy",

@@ -3,7 +3,7 @@
 Example:
   >>> summary = summarize(runner.rows())
   >>> print(markdown_report(summary))
-  >>> print(growth_report(runner.rows()))   # issue 18: grown against fixed batches
+  >>> print(growth_report(runner.rows()))   # grown against fixed batches
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def _cell_text(entry: Mapping[str, Any] | None) -> str:
 def markdown_report(summary: Sequence[Mapping[str, Any]],
                     tolerance: float = BAR_TOLERANCE) -> str:
   """Per workload: accuracy (mean ± std over seeds) and steps per batch x strategy,
-  DATE's predicted vs actual steps, and the issue's bar, checked."""
+  DATE's predicted vs actual steps, and the study's bar (`bar_check`), checked."""
   sections = []
   for workload in sorted({e["workload"] for e in summary}):
     entries = [e for e in summary if e["workload"] == workload]
@@ -218,7 +218,7 @@ def _prediction_table(entries: Sequence[Mapping[str, Any]]) -> str:
 
 def bar_check(entries: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLERANCE
               ) -> dict[str, Any]:
-  """Issue 9's bar for one workload's summary entries.
+  """The scaling study's bar for one workload's summary entries.
 
   DATE within `tolerance` points of the baseline's mean at every k; at the
   largest k in ≤ 1/10 of the baseline's steps (when that k is 64); predicted
@@ -379,7 +379,7 @@ def growth_report(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLE
   """Grown batches against fixed ones at the same maximum k: steps, examples, accuracy.
 
   Per workload and k with both strategies: the means over seeds, the ratios
-  grown/fixed, and the accuracy against the baseline's (issue 18's bar reads
+  grown/fixed, and the accuracy against the baseline's (the growth study's bar reads
   these at 64x: ≤ 1.3x the steps, ≤ 0.6x (LSTM) or 0.5x (ResNet) the examples,
   within `tolerance` points). "dominated" counts the grown runs (seeds) for
   which some fixed-batch run of the workload, at any k, took as few steps

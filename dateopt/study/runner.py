@@ -1,6 +1,6 @@
 """The grid, run and resumed: `Study` appends each finished cell to `<outdir>/cells.jsonl`.
 
-A re-run skips the finished cells (resumable across sessions), and studies
+A re-run skips the finished cells (resumable across runs), and studies
 sharing an outdir split its cells (each cell is claimed with a workdir lock).
 
 Example:

@@ -78,6 +78,10 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  def all_steps(self) -> list[int]:
+    """The steps of the finished checkpoints, oldest first."""
+    return sorted(self._manager.all_steps())
+
   def save(self, step: int, state: Any) -> None:
     """Saves `state` as `step` (asynchronously; `close` waits for it)."""
     # force: orbax would otherwise skip, without a word, a step its policy declines.

@@ -54,7 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.compute_dtype = "float32"  # "bfloat16" for bf16 compute (params stay float32).
   # DATE: the tuned baseline recipe (a `dateopt.date.Recipe` dict) and the target batch.
   c.baseline = ml_collections.ConfigDict()
-  c.batch_size = optional_int()  # None: train the baseline as it is.
+  c.batch_size = optional_int()  # None: train the baseline as it is (no adaptive, no growth).
   # Gradient accumulation: each optimizer step takes its batch as k micro-batches in turn
   # (one scan in the jitted step), so only batch / k examples' activations are in memory.
   c.grad_accum_steps = 1
@@ -69,8 +69,8 @@ def default_config() -> ml_collections.ConfigDict:
   c.signal_decay = 0.97
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
-  # Adaptive runs: diverged steps in all before the run stops with status 1 (0: never;
-  # see dateopt.date.divergence).
+  # Adaptive runs: diverged steps in all before the run stops with status 1 (0: no watch,
+  # so no hold, LR cut or stop of a diverged run; see dateopt.date.divergence).
   c.divergence_patience = 100
   # A growing batch's train step for every rung, compiled in a background thread while the
   # run trains (dateopt.train.rungs).
@@ -148,7 +148,8 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
     "checkpoint_every_steps": (-1, {-1: "never", 0: "only at the end (and when stopped)"}),
     "keep_checkpoints": (1, {}),  # orbax reads 0 as "keep none": each deleted once written
     "measure_every_steps": (1, {}),
-    "divergence_patience": (0, {0: "never give up"}),
+    "divergence_patience": (0, {0: "no divergence watch: a diverged run is neither held "
+                                   "nor stopped"}),
 }
 
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import optax
 
 from dateopt import date
+from dateopt.date import divergence
 from dateopt.train import parallel
 
 
@@ -45,6 +46,7 @@ class EngineHealth:
   best_loss: float
   gain: float
   lr_scale: float
+  losses_seen: int = 0  # the losses the watch has read: the run's steps, resumes included
 
   @classmethod
   def read(cls, opt_state: Any) -> "EngineHealth | None":
@@ -55,7 +57,24 @@ class EngineHealth:
     w, gain = parallel.to_host((engine.watch, engine.gain))
     return cls(bool(w.diverged_steps > 0), bool(w.gave_up), int(w.diverged_at),
                int(w.diverged_total), int(w.stalled_total), int(w.gradient_jumps), float(w.ema),
-               float(min(w.first, w.initial)), float(w.best), float(gain), float(w.lr_scale))
+               float(min(w.first, w.initial)), float(w.best), float(gain), float(w.lr_scale),
+               int(w.count))
+
+  @property
+  def never_learnt(self) -> bool:
+    """Diverged by the no-learning rule: the loss never fell below STALL_DROP of its start,
+    and never blew up. Shuffled labels or a long plateau, not a too-high LR."""
+    return (self.diverged_at >= 0 and self.best_loss > divergence.STALL_DROP * self.first_loss
+            and self.loss < divergence.BLOW_UP * self.first_loss)
+
+  def last_healthy(self, saved_steps) -> int | None:
+    """The newest of `saved_steps` taken before the divergence began (None: none was).
+
+    A checkpoint saved after the divergence began but before the watch called it
+    (its smoothed loss lags) holds a diverging state, healthy as it looked then.
+    """
+    before = [s for s in saved_steps if self.diverged_at < 0 or s <= self.diverged_at]
+    return max(before, default=None)
 
   def raise_if_gave_up(self, learning_rate: float | None, checkpoint_dir: str | None,
                        last_checkpoint: int | None, *, at_end: bool = False) -> None:
@@ -73,7 +92,9 @@ class EngineHealth:
     jumps = ""
     if self.gradient_jumps:
       steps = "step" if self.gradient_jumps == 1 else "steps"
-      jumps = f"skipped {self.gradient_jumps} {steps} whose gradient exploded"
+      jumps = f"skipped {self.gradient_jumps} {steps} whose gradient exploded or was not finite"
+    if self.never_learnt:
+      raise DivergedError(self._never_learnt_message(kept))
     if self.diverged_at >= 0:
       what = (f"diverged at step {self.diverged_at + 1} ({losses}) and stayed diverged for "
               f"{self.diverged_steps} steps in all, {self.stalled_steps} of them without its "
@@ -84,6 +105,17 @@ class EngineHealth:
     raise DivergedError(
         f"stopped: the adaptive run {what}. {kept} Lower the baseline's learning "
         f"rate, or clip the gradient norm (grad_clip_norm), and start a new --workdir.")
+
+
+  def _never_learnt_message(self, kept: str) -> str:
+    share = round(100 * (1 - divergence.STALL_DROP))
+    return (f"stopped: the adaptive run has not learnt: in {self.losses_seen} steps its smoothed "
+            f"loss never fell {share}% below its start ({self.first_loss:.4g} at the start, "
+            f"{self.best_loss:.4g} at its best, {self.loss:.4g} now). {kept} A loss that does "
+            f"not move points at the data (labels that do not match the inputs, a wrong or "
+            f"shuffled split) or a plateau longer than a quarter of the baseline's steps, not "
+            f"at the LR. Check the data; for a known long plateau, "
+            f"--config.divergence_patience=0 lets the run go on unwatched.")
 
 
 def learning_rate_of(metrics: Mapping[str, Any]) -> float | None:

@@ -98,6 +98,7 @@ def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
   except ValueError as error:
     raise ValueError(f"config.baseline: {error}") from error
   if config.batch_size is None:
+    _check_nothing_needs_a_target(config, baseline)
     return baseline, baseline
   try:
     planned = date.plan(baseline, int(config.batch_size), config.strategy,
@@ -105,6 +106,22 @@ def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
   except TypeError as error:  # an unknown keyword in config.plan
     raise ValueError(f"config.plan: {error}") from error
   return baseline, planned
+
+
+def _check_nothing_needs_a_target(config: ml_collections.ConfigDict,
+                                  baseline: date.Recipe) -> None:
+  """Raises ValueError when `config.batch_size=None` (the baseline as it is) would ignore
+  what the config asks for: DATE's adaptive strategy or a growing batch plan a target batch."""
+  ignored = (["config.strategy='adaptive'"] if config.strategy == "adaptive" else []) + (
+      ["config.plan.grow_batch=True"] if config_lib.to_dict(config.plan).get("grow_batch")
+      else [])
+  if ignored:
+    raise ValueError(
+        f"config.batch_size=None trains the baseline as it is, at its batch of "
+        f"{baseline.batch_size}, which would ignore {' and '.join(ignored)}: set "
+        f"config.batch_size to the target batch (for a growing batch, the largest it grows "
+        f"to from {baseline.batch_size}), or leave {'them' if len(ignored) > 1 else 'it'} out "
+        f"to train the baseline.")
 
 
 @contextlib.contextmanager
@@ -145,6 +162,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
   layout = BatchLayout.from_config(config, mesh.size, gradient_groups(config))
   batch_sizes = _batch_sizes(recipe, layout, batch_field)
+  recipe = _with_ladder_noted(recipe, batch_sizes, layout)
   for batch_size in batch_sizes:
     layout.check(batch_field, batch_size)
   if recipe.adaptive and layout.grad_groups < 2:
@@ -163,6 +181,7 @@ def build_experiment(config: ml_collections.ConfigDict,
                      f"({recipe.max_steps} steps, where its LR reaches its end): use -1 for the "
                      f"recipe's length, at most {recipe.max_steps}, or more "
                      f"config.baseline.num_epochs.")
+  profiling.check_within_run(config.profile_steps, num_steps, may_end_sooner=recipe.adaptive)
   settings = config_lib.sub_config_with_defaults(config, "polish")
   polish.check_polish_config(settings)
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
@@ -191,6 +210,33 @@ def _batch_sizes(recipe: date.Recipe, layout: BatchLayout, batch_field: str
                      f"{recipe.max_steps} steps could serve 2^31 examples or more, past the "
                      f"data position's int32; use a shorter run or a fixed batch.")
   return ladder
+
+
+def _with_ladder_noted(recipe: date.Recipe, ladder: tuple[int, ...], layout: BatchLayout
+                       ) -> date.Recipe:
+  """`recipe`, its rationale showing the ladder the run trains: DATE plans the rungs from
+  the baseline's batch, the layout rounds them (a row says which, and why)."""
+  if not recipe.grow_batch:
+    return recipe
+  planned = date.batch_ladder(recipe.base_batch_size, recipe.batch_size)
+  if tuple(ladder) == planned:
+    return recipe
+  why = dict(recipe.rationale)
+  why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
+  if "grow_batch" in why:
+    why["grow_batch"] = why["grow_batch"].replace(f"start at {planned[0]},",
+                                                  f"start at {ladder[0]},", 1)
+  quantum = f"the batch layout's quantum of {layout.quantum} ({layout.quantum_reason()})"
+  below = [f"{b:,}" for b in planned if b < ladder[0]]
+  if ladder[0] in planned:
+    rungs = f"rung {below[0]} is" if len(below) == 1 else (
+        f"rungs {', '.join(below[:-1])} and {below[-1]} are")
+    why["ladder rounded"] = f"{rungs} below {quantum}: the ladder starts at {ladder[0]:,}"
+  else:
+    why["ladder rounded"] = (f"the baseline's batch {recipe.base_batch_size:,} is not a "
+                             f"multiple of {quantum}: the ladder starts at {ladder[0]:,}, the "
+                             f"next multiple")
+  return recipe.replace(rationale=why)
 
 
 def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe: date.Recipe,

@@ -75,6 +75,23 @@ class BatchLayout:
       quantum = math.lcm(quantum, accum * self.groups * int(self.bn_group_size))
     return quantum
 
+  def quantum_reason(self) -> str:
+    """What `quantum` is made of, in words: "8 devices x 8 accumulation steps"."""
+    accum = self.grad_accum_steps
+    steps = f" x {_count(accum, 'accumulation step')}" if accum > 1 else ""
+    terms = [(accum * self.num_devices, f"{_count(self.num_devices, 'device')}{steps}"),
+             (self.num_processes, _count(self.num_processes, "process", "processes")),
+             (accum * self.groups, f"{_count(self.groups, 'gradient group')}{steps}")]
+    if self.bn_group_size and self.has_batch_norm:
+      terms.append((accum * self.groups * int(self.bn_group_size),
+                    f"{_count(self.groups, 'gradient group')}{steps} x ghost batch-norm "
+                    f"groups of {self.bn_group_size}"))
+    exact = [what for value, what in terms if value == self.quantum]
+    if exact:
+      return exact[0]
+    parts = [what for value, what in terms if value > 1]
+    return f"the least common multiple of {', '.join(parts[:-1])} and {parts[-1]}"
+
   def sizes(self, batch_size: int) -> dict[str, int]:
     """The examples each piece of `batch_size` holds (for a batch that passes `check`)."""
     microbatch = batch_size // self.grad_accum_steps
@@ -131,3 +148,8 @@ class BatchLayout:
               f"{seen} examples instead of the batch: set config.grad_groups=0 (no noise "
               f"scale), or config.model_kwargs.bn_group_size to a divisor of {seen}.")
     return None
+
+
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+  """'1 device', '8 devices'."""
+  return f"{n} {noun if n == 1 else plural or noun + 's'}"

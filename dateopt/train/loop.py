@@ -75,6 +75,7 @@ class TrainLoop:
     if self.start_step == 0:
       self.writer.write_text("recipe", report)
     start_progress = _progress(exp, self.state)
+    self.finished_before = _ended(exp, self.start_step, start_progress)  # a rerun: no step
     self.progress = (ProgressBar(exp.recipe.total_steps, start_progress or 0.0,
                                  unit="baseline step", enabled=lead and exp.config.progress_bar)
                      if exp.recipe.adaptive else
@@ -341,6 +342,14 @@ def _progress(exp: Experiment, state: TrainState) -> float | None:
   return float(parallel.to_host(optax.tree.get(state.opt_state, "progress")))
 
 
+def _ended(exp: Experiment, steps_taken: int, progress: float | None) -> bool:
+  """Whether a state with these steps (and progress) has ended the run: a static recipe
+  at its last step, an adaptive one once its progress covers the baseline's steps."""
+  if exp.recipe.adaptive:
+    return progress is not None and progress >= exp.recipe.total_steps
+  return steps_taken >= exp.num_train_steps
+
+
 def _final_epochs_due(exp: Experiment, steps_taken: int, progress: float | None) -> bool:
   """Whether the next step is inside Final Polishing's final epochs.
 
@@ -368,7 +377,8 @@ def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | Non
     return True
   health.raise_if_gave_up(learning_rate_of(metrics),
                           checkpointer and str(checkpointer.directory),
-                          checkpointer and checkpointer.latest_step(), at_end=at_end)
+                          checkpointer and health.last_healthy(checkpointer.all_steps()),
+                          at_end=at_end)
   return not health.diverged
 
 
@@ -379,9 +389,16 @@ def _engine_batch(exp: Experiment, opt_state: Any) -> Any:
 
 def _stop_and_save(stops: preemption.StopRequests, state: TrainState,
                    checkpointer: Checkpointer | None) -> preemption.Preempted:
-  """Saves the step just taken (unless saved already); the exception that ends the run."""
+  """Saves the step just taken (unless saved already, or diverged); the exception that
+  ends the run. A diverged state is never saved: three stops while diverged would
+  otherwise rotate every healthy checkpoint out (`keep_checkpoints`)."""
   taken = int(parallel.to_host(state.step))
+  directory = str(checkpointer.directory) if checkpointer is not None else None
+  health = EngineHealth.read(state.opt_state)
+  if health is not None and health.diverged:
+    healthy = checkpointer and health.last_healthy(checkpointer.all_steps())
+    return preemption.Preempted(stops.received, taken, directory,
+                                diverged_since=health.diverged_at + 1, healthy_step=healthy)
   if checkpointer is not None and checkpointer.latest_step() != taken:
     checkpointer.save(taken, state)
-  return preemption.Preempted(stops.received, taken,
-                              str(checkpointer.directory) if checkpointer is not None else None)
+  return preemption.Preempted(stops.received, taken, directory)

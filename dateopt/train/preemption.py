@@ -38,8 +38,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 
-class Preempted(Exception):
+class Preempted(BaseException):
   """A run stopped by a signal after its last step was saved; rerun it to resume.
+
+  A `BaseException`, as `KeyboardInterrupt` is: library code that answers any
+  `Exception` with a warning and goes on (JAX's persistent compilation cache
+  does, around its write after each compile) must not swallow a stop.
 
   Attributes:
     signum: the signal that stopped the run.
@@ -54,9 +58,13 @@ class Preempted(Exception):
     ...   print(stop); sys.exit(stop.exit_code)
   """
 
-  def __init__(self, signum: int, step: int | None, checkpoint_dir: str | None):
+  def __init__(self, signum: int, step: int | None, checkpoint_dir: str | None, *,
+               diverged_since: int | None = None, healthy_step: int | None = None):
     super().__init__(signum, step, checkpoint_dir)
     self.signum, self.step, self.checkpoint_dir = signum, step, checkpoint_dir
+    # A stop while DATE called the run diverged saves nothing: the run resumes from the
+    # newest checkpoint before the divergence (`healthy_step`; None: there is none).
+    self.diverged_since, self.healthy_step = diverged_since, healthy_step
 
   @property
   def exit_code(self) -> int:
@@ -66,12 +74,26 @@ class Preempted(Exception):
   def __str__(self) -> str:
     if self.step is None:
       return before_first_step(self.signum)
+    if self.diverged_since is not None:
+      return self._while_diverged()
     if self.checkpoint_dir is None:
       then = ("checkpointing is off (config.checkpoint_every_steps=-1), "
               "so a rerun starts over")
     else:
       then = f"checkpoint saved in {self.checkpoint_dir}; rerun the same command to resume"
     return f"preempted ({signal.Signals(self.signum).name}) at step {self.step}; {then}."
+
+
+  def _while_diverged(self) -> str:
+    name = signal.Signals(self.signum).name
+    said = (f"preempted ({name}) at step {self.step}, while DATE calls the run diverged "
+            f"(since step {self.diverged_since}): that state is not saved.")
+    if self.checkpoint_dir is None:
+      return f"{said} Checkpointing is off (config.checkpoint_every_steps=-1): a rerun starts over."
+    if self.healthy_step is None:
+      return f"{said} No checkpoint was saved before the divergence: a rerun starts over."
+    return (f"{said} The last healthy checkpoint, step {self.healthy_step}, is kept in "
+            f"{self.checkpoint_dir}; rerun the same command to resume from it.")
 
 
 # How long the watcher gives the main thread to unwind after a signal that came before the
@@ -154,7 +176,15 @@ class StopRequests:
       self._wakeup = None
 
   def stepping(self) -> None:
-    """The first step is taken: from now on a signal waits for the step and its save."""
+    """The first step is taken: from now on a signal waits for the step and its save.
+
+    Raises:
+      Preempted: (step None) a signal came before the first step and its stop was
+        swallowed on the way (an `except BaseException` that went on); nothing is
+        saved, as promised for a stop before the first step.
+    """
+    if self.received is not None and not self._stepping:
+      raise Preempted(self.received, None, None)
     self._stepping = True
 
   def _start_watcher(self) -> None:

@@ -4,7 +4,8 @@
 10 is dispatched and stops once step 15 has finished. It lands in
 `<workdir>/plugins/profile/<time>/`, where TensorBoard's profile plugin finds
 it (`tensorboard --logdir <workdir>`, the Profile tab), beside the scalars.
-An empty string traces nothing. Every process writes its own host's trace.
+An empty string traces nothing; a window past the run's last step is refused
+at startup. Every process writes its own host's trace.
 
 Example:
   >>> trace = StepTrace.from_config("10:15", "/tmp/run")
@@ -44,6 +45,25 @@ def parse_profile_steps(value: Any) -> tuple[int, int] | None:
   if not match or not 1 <= first <= last:
     raise ValueError(f"config.profile_steps must be {allowed}; got {value!r}.")
   return first, last
+
+
+def check_within_run(profile_steps: Any, num_steps: int, *, may_end_sooner: bool = False
+                     ) -> None:
+  """Raises ValueError when `config.profile_steps` ends past the run's last step: the run
+  would write no trace, or one cut short, without a word.
+
+  `may_end_sooner`: `num_steps` is at most what the run takes (an adaptive run ends once
+  its progress reaches the baseline's).
+  """
+  window = parse_profile_steps(profile_steps)
+  if window is None or window[1] <= num_steps:
+    return
+  first, last = window
+  traced = "no step" if first > num_steps else f"only steps {first} to {num_steps}"
+  bound = " (at most: an adaptive run may end sooner)" if may_end_sooner else ""
+  raise ValueError(f"config.profile_steps={profile_steps!r} ends past the run's last step: "
+                   f"the run's {num_steps} steps{bound} would trace {traced}. Pick steps "
+                   f"within 1:{num_steps}, or train for at least {last} steps.")
 
 
 class StepTrace:

@@ -36,6 +36,7 @@ from dateopt.train import parallel, preemption, workdir_lock, workdirs
 # Looked up here at each call: scripts/divergence_evidence.py wraps it.
 from dateopt.train.experiment import Experiment, build_experiment, build_optimizer
 from dateopt.train.loop import TrainLoop
+from dateopt.train.metrics import read_metrics
 from dateopt.train.startup import claim_workdir, save_recipes, startup
 from dateopt.train.steps import TrainState
 
@@ -115,20 +116,24 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
   save_recipes(workdir, exp, report)
   with contextlib.ExitStack() as cleanup:  # closed however the run ends: saves finish, rows flush
     loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup)
+    # A rerun of a finished run takes no step (an adaptive run ends before num_train_steps):
+    # it reports the final metrics again and writes nothing.
     for step in range(loop.start_step + 1, exp.num_train_steps + 1):
-      if loop.run_step(step, stops):
+      if loop.finished_before or loop.run_step(step, stops):
         break
     steps_taken = loop.finish()
-    return _summarize(exp, loop, steps_taken)
+    return _summarize(exp, loop, steps_taken, workdir)
 
 
-def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int) -> TrainResult:
+def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int,
+               workdir: str) -> TrainResult:
   """The run's summary row in the metrics (and printed for a growing batch); its result."""
   predicted = date.plan_predicted_steps(exp.recipe,
                                         config_lib.to_dict(exp.config.plan).get("noise_scale"))
   examples = int(parallel.to_host(loop.state.examples_seen))
   compilations = loop.compilations()
-  steps_per_second = loop.clock.steps_per_second()
+  steps_per_second = (_recorded_pace(workdir, steps_taken) if loop.finished_before
+                      else loop.clock.steps_per_second())
   summary = {"steps": steps_taken, "examples": examples,
              "examples_vs_baseline": examples / (exp.baseline.total_steps
                                                  * exp.baseline.batch_size),
@@ -146,6 +151,13 @@ def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int) -> TrainResul
   return TrainResult(exp.baseline, exp.recipe, parallel.to_host(loop.state), loop.eval_metrics,
                      loop.train_metrics, steps_per_second, steps_taken, predicted,
                      examples, loop.largest_batch, compilations, summary.get("tokens"))
+
+
+def _recorded_pace(workdir: str, step: int) -> float:
+  """A finished run's steps per second, from its summary row: its rerun times no step."""
+  paces = [row["run/steps_per_second"] for row in read_metrics(workdir)
+           if row["step"] == step and row.get("run/steps_per_second") is not None]
+  return paces[-1] if paces else float("nan")
 
 
 def _data_amount(examples: int, tokens: int | None) -> str:
