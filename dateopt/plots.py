@@ -1,8 +1,9 @@
 """Figures: LR schedules and training curves from `metrics.jsonl` (the study's: `study.figures`).
 
-matplotlib is the `plots` extra (`pip install dateopt[plots]`), imported only
-inside the functions. Without a display (a TPU VM, CI) they draw on the Agg
-backend; in a notebook, on the notebook's own (inline) backend.
+matplotlib is the `plots` extra (`pip install dateopt[plots]`): importing this
+module without it fails in one line naming the extra. pyplot is imported inside
+the functions, when a figure is drawn: without a display (a TPU VM, CI) they
+draw on the Agg backend; in a notebook, on the notebook's own (inline) backend.
 
 Example:
   >>> from dateopt import date, plots
@@ -14,35 +15,16 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from dateopt import date, extras
-from dateopt.train import metrics
+from dateopt import date, extras, metrics_io
+from dateopt.metrics_io import metric_curve  # part of this module's API too
 
-
-def metric_curve(rows: Sequence[Mapping[str, float]], key: str, x: str = "step"
-                 ) -> tuple[list[float], list[float]]:
-  """(x values, values) of `key` over the rows with finite values of both.
-
-  `x` is "step" (optimizer steps, as ints) or another metric of the same rows,
-  e.g. "eval/tokens_seen" for an eval curve against the tokens trained on.
-
-  Example:
-    >>> metric_curve([{"step": 5, "eval/loss": 2.0, "eval/tokens_seen": 640}], "eval/loss",
-    ...              x="eval/tokens_seen")
-    ([640.0], [2.0])
-  """
-  def finite(row, name):
-    return name in row and row[name] is not None and math.isfinite(float(row[name]))
-
-  points = [(int(r[x]) if x == "step" else float(r[x]), float(r[key])) for r in rows
-            if finite(r, key) and finite(r, x)]
-  return [s for s, _ in points], [v for _, v in points]
+extras.require_extra("dateopt.plots", extra="plots", modules=extras.PLOTS_MODULES)
 
 
 def plot_eval_curves(runs: Mapping[str, str], path: str, *, key: str = "eval/accuracy",
@@ -216,7 +198,7 @@ def plot_training_curves(runs: Sequence[str] | Mapping[str, str] | str,
   plt = pyplot()
   fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.6), dpi=110,
                            squeeze=False)
-  rows = [metrics.read_metrics(p) for p in paths]
+  rows = [metrics_io.read_metrics(p) for p in paths]
   for ax, key, x_key in zip(axes[0], keys, x_axes):
     for run_rows, label in zip(rows, labels):
       steps, values = metric_curve(run_rows, key, x=x_key)

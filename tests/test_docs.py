@@ -15,6 +15,7 @@ import pytest
 
 from dateopt import configs, extras
 from dateopt import tpu as tpu_launcher
+from import_isolation import blocking  # tests/import_isolation.py
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -27,16 +28,6 @@ PAGES = [p for p in PAGES if "_build" not in p.parts and not {"growth_study", "s
 # come with optax itself).
 EXTRA_MODULES = ("flax", "orbax", "tensorboardX", "ml_collections", "tqdm", "tensorflow_datasets",
                  "grain", "mnist1d", "sklearn", "matplotlib")
-
-
-def _blocking(modules) -> str:
-  """Python source that makes every import of `modules` fail, as without their extra."""
-  return ("import sys\n"
-          "class Blocker:\n"
-          "  def find_spec(self, name, path=None, target=None):\n"
-          f"    if name.split('.')[0] in {tuple(modules)!r}:\n"
-          "      raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
-          "sys.meta_path.insert(0, Blocker())\n")
 
 
 def python_blocks(page: pathlib.Path) -> list[str]:
@@ -70,7 +61,7 @@ def test_the_readme_is_a_front_page():
 def test_the_core_install_imports_dateopt_and_runs_the_optax_snippet():
   """`pip install dateopt` without extras: their modules cannot be imported here."""
   snippet = python_blocks(REPO / "README.md")[0]
-  blocker = _blocking(EXTRA_MODULES)
+  blocker = blocking(EXTRA_MODULES)
   check = ("import dateopt\n"
            "plan = dateopt.date.plan(dateopt.date.Recipe(batch_size=32, num_examples=6400,\n"
            "    num_epochs=2, learning_rate=0.1), 512)\n"
@@ -89,7 +80,7 @@ def test_a_missing_extra_is_one_line_naming_it():
                      match=r"no_such_module is not installed: it comes with the 'data' extra, "
                            r"pip install 'dateopt\[data\]'"):
     extras.require("no_such_module", extra="data")
-  blocker = _blocking(["flax"]) + "from dateopt import console\nsys.exit(console.train())\n"
+  blocker = blocking(["flax"]) + "from dateopt import console\nsys.exit(console.train())\n"
   done = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
                         timeout=120)
   assert done.returncode == 2

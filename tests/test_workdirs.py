@@ -133,7 +133,7 @@ def bucket(monkeypatch, tmp_path):
   store = _FakeGcs(global_store=False, skip_instance_cache=True)
   monkeypatch.setenv("EPATH_USE_TF", "false")  # epath's fsspec backend even where TF is
   monkeypatch.setattr(epath_backend.fsspec_backend, "fs", lambda path: store)
-  monkeypatch.setattr(workdirs, "_installed", lambda module: True)
+  monkeypatch.setattr(workdirs.extras, "installed", lambda module: True)
   monkeypatch.setitem(record_writer.REGISTERED_FACTORIES, "gs", _BucketEventFiles())
   monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", _FakeCheckpointManager)
   monkeypatch.setattr(_FakeCheckpointManager, "opened", [])
@@ -163,11 +163,11 @@ def test_as_path_makes_a_local_path_absolute_and_keeps_a_url(tmp_path, monkeypat
 
 
 def test_a_missing_gcs_package_names_the_gcp_extra(monkeypatch, tmp_path):
-  monkeypatch.setattr(workdirs, "_installed", lambda module: module != "google.cloud.storage")
+  monkeypatch.setattr(workdirs.extras, "installed", lambda module: module != "google.cloud.storage")
   with pytest.raises(ModuleNotFoundError,
                      match=r"needs google-cloud-storage: pip install 'dateopt\[gcp\]'"):
     metrics.MetricWriter(RUN)  # tensorboardX writes gs:// through google-cloud-storage
-  monkeypatch.setattr(workdirs, "_installed", lambda module: module != "gcsfs")
+  monkeypatch.setattr(workdirs.extras, "installed", lambda module: module != "gcsfs")
   monkeypatch.chdir(tmp_path)
   with pytest.raises(train.StartupError, match=r"needs gcsfs: pip install 'dateopt\[gcp\]'"):
     train.train_and_evaluate(_config(), RUN)  # before any work

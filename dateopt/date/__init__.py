@@ -9,7 +9,8 @@ other optax wrappers a trainer plugs in: `measure_noise_scale` (the noise EMAs
 alone), `track_statistics` (gradient norm, trust ratios, update ratio) and
 `divergence_guard` (skip bad steps, back the LR off, recover it). An
 adaptive run that diverges is held and, if it stays diverged, given up:
-`diverged(state)` and `gave_up(state)` say so.
+`diverged(state)` and `gave_up(state)` say so. Every reader of the state takes
+an optax state, or a Flax nnx `Optimizer` or its `opt_state` (`as_optax_state`).
 
 Example:
   >>> from dateopt import date
@@ -25,6 +26,7 @@ Example:
 from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
+    as_optax_state,
     diverged,
     gave_up,
     has_learnt,
@@ -133,6 +135,7 @@ __all__ = [
     "adascale_gain",
     "adam_preconditioner",
     "adaptive",
+    "as_optax_state",
     "batch_credit",
     "batch_ladder",
     "bounded_gain",

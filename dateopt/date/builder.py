@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import masks, schedules, transforms
-from dateopt.date.divergence import DIVERGENCE_PATIENCE
+from dateopt.date.divergence import DIVERGENCE_PATIENCE, as_optax_state
 from dateopt.date.noise import SIGNAL_DECAY
 from dateopt.date.progress import adaptive, batch_ladder
 from dateopt.date.recipe import Recipe
@@ -186,7 +186,8 @@ def adam_preconditioner(opt_state: Any, *, b2: float, eps: float) -> Any:
   """Adam's per-coordinate factor 1/(√v̂ + ε), v̂ = ν/(1 − b2^t), from an optimizer state.
 
   Reads the first `optax.ScaleByAdamState` in `opt_state` (any chain or
-  wrapper around `optax.adam`/`optax.adamw`). Before the first update (t = 0)
+  wrapper around `optax.adam`/`optax.adamw`; a Flax nnx `Optimizer` or its
+  `opt_state` too, `as_optax_state`). Before the first update (t = 0)
   v̂ is undefined and every factor is 1: the plain gradient. Kingma & Ba 2015.
 
   Example:
@@ -196,7 +197,7 @@ def adam_preconditioner(opt_state: Any, *, b2: float, eps: float) -> Any:
     [1.0, 1.0]
   """
   found = [leaf for leaf in jax.tree.leaves(
-      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+      as_optax_state(opt_state), is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
            if isinstance(leaf, optax.ScaleByAdamState)]
   if not found:
     raise ValueError("noise_of='adam_step' reads Adam's second moments from the optimizer "

@@ -60,6 +60,7 @@ watch, bit for bit.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -331,19 +332,55 @@ def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
   return has_learnt(state) & (state.fast - state.best <= CLIMB_SHARE * gains)
 
 
+def as_optax_state(state: Any) -> Any:
+  """`state` as the plain optax pytree of arrays the readers of DATE's state look through.
+
+  An optax state comes back as it is. A Flax nnx `Optimizer` gives its
+  `opt_state`, and every nnx `Variable` in it (an `Optimizer`'s `OptState`
+  and `OptArray` leaves) its value (`nnx.as_pure`): the optax NamedTuples
+  stay, so `optax.tree.get(..., "AdaptiveState")` finds the engine in either.
+  (`nnx.state(optimizer)` does not keep them: it turns them into dicts.)
+  flax is never imported here unless the program already has.
+
+  Example:
+    >>> import optax
+    >>> from flax import nnx
+    >>> model = nnx.Linear(2, 1, rngs=nnx.Rngs(0))
+    >>> optimizer = nnx.Optimizer(model, optax.sgd(0.1, momentum=0.9), wrt=nnx.Param)
+    >>> type(optimizer.opt_state[0].trace["kernel"]).__name__
+    'OptVariable'
+    >>> type(as_optax_state(optimizer)[0].trace["kernel"]).__name__
+    'ArrayImpl'
+  """
+  if "flax.nnx" not in sys.modules:  # then no nnx object exists: nothing to unwrap
+    return state
+  from flax import nnx  # already loaded; flax stays an optional dependency
+  if isinstance(state, nnx.Optimizer):
+    state = state.opt_state
+  is_variable = lambda x: isinstance(x, nnx.Variable)
+  if not any(map(is_variable, jax.tree.leaves(state, is_leaf=is_variable))):
+    return state
+  if hasattr(nnx, "as_pure"):
+    return nnx.as_pure(state)
+  return jax.tree.map(lambda v: v.value if is_variable(v) else v, state, is_leaf=is_variable)
+
+
 def adaptive_part(opt_state: Any, name: str) -> Any:
   """The part `name` (`"AdaptiveState"`, `"DivergenceWatchState"`) of the `adaptive`
   engine's state somewhere in `opt_state`: what every reader of the engine's state
   looks it up with, so that each one fails alike on a state without the engine.
 
+  `opt_state` is an optax state, or a Flax nnx `Optimizer` or its `opt_state`
+  (`as_optax_state`).
+
   Raises:
     ValueError: `opt_state` holds no such part (a plain optax optimizer's state).
   """
-  part = optax.tree.get(opt_state, name)
+  part = optax.tree.get(as_optax_state(opt_state), name)
   if part is None:
     raise ValueError(f"opt_state holds no dateopt.date.adaptive state ({name}): pass the state "
                      f"of the optimizer date.adaptive (or date.build of an adaptive recipe) "
-                     f"made.")
+                     f"made; with Flax nnx, the nnx.Optimizer or its opt_state.")
   return part
 
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import masks, transforms
+from dateopt.date.divergence import as_optax_state
 from dateopt.date.noise import NoiseScaleState, noise_scale, tree_sq_norm
 from dateopt.validation import check_range
 
@@ -171,14 +172,15 @@ def statistics(opt_state: Any) -> dict[str, jax.Array]:
 
   `TrainingStatistics` fields (from `track_statistics`) and `noise_scale`
   (B_noise from the noise EMAs of `date.adaptive` or `measure_noise_scale`),
-  whichever the state holds; an empty dict when it holds neither.
+  whichever the state holds; an empty dict when it holds neither. `opt_state`
+  may be a Flax nnx `Optimizer` or its `opt_state` (`as_optax_state`).
 
   Example:
     >>> tx = track_statistics(optax.sgd(0.1))
     >>> sorted(statistics(tx.init({"w": jnp.ones(2)})))[:2]
     ['grad_norm', 'param_norm']
   """
-  out = {}
+  out, opt_state = {}, as_optax_state(opt_state)
   stats = optax.tree.get(opt_state, "stats")
   if stats is not None:
     out.update(stats._asdict())

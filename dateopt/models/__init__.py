@@ -22,6 +22,12 @@ Example:
 
 from __future__ import annotations
 
+from dateopt import extras
+
+# Before the imports that need it: a missing Flax is one line naming the extra.
+extras.require_extra("dateopt.models", extra="train", modules=extras.MODELS_MODULES)
+
+# ruff: noqa: E402
 import functools
 from typing import Any, Callable
 

@@ -22,8 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
-from dateopt import date, plots, train
-from dateopt.train.metrics import read_metrics
+from dateopt import date, train
+from dateopt.metrics_io import metric_curve, read_metrics
 from dateopt.epochs import epochs_to_steps
 from dateopt.validation import check_choice, check_range, check_type
 
@@ -226,7 +226,7 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
   result = train.train_and_evaluate(config, workdir)
   seconds = time.perf_counter() - start
   metric_rows = read_metrics(workdir)
-  eval_steps, eval_accuracy = plots.metric_curve(metric_rows, "eval/accuracy")
+  eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
   noise = measured_noise_scales(metric_rows)
   recipe, metrics = result.recipe, result.train_metrics
   return {
@@ -253,7 +253,7 @@ def language_model_row(result, metric_rows: Sequence[Mapping[str, Any]]) -> dict
   token is a byte, the tokens trained on, and the validation loss curve; {} for a classifier."""
   if result.tokens is None:
     return {}
-  _, eval_loss = plots.metric_curve(metric_rows, "eval/loss")
+  _, eval_loss = metric_curve(metric_rows, "eval/loss")
   return {"final_loss": float(result.eval_metrics["loss"]),
           "final_bits_per_byte": float(result.eval_metrics.get("bits_per_byte", math.nan)),
           "tokens": result.tokens, "eval_loss": eval_loss}

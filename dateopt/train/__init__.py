@@ -5,6 +5,12 @@ Example:
   >>> result = train.train_and_evaluate(train.default_config(), "/tmp/run")
 """
 
+from dateopt import extras
+
+# Before the imports that need them: a missing extra is one line naming it.
+extras.require_extra("dateopt.train", extra="train", modules=extras.TRAIN_MODULES)
+
+# ruff: noqa: E402
 from dateopt.train.config import default_config
 from dateopt.train.diverged import DivergedError
 from dateopt.train.metrics import read_metrics

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
 import queue
@@ -21,7 +20,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from dateopt import strict_json
+from dateopt import metrics_io, strict_json
+from dateopt.metrics_io import read_metrics  # noqa: F401  (where the trainer's callers find it)
 from dateopt.train import workdirs
 
 
@@ -225,37 +225,10 @@ class _UploadedObject:
     self.closed = True
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """The rows a `MetricWriter` wrote, in order: a workdir's `metrics.jsonl`, or the file.
-
-  Local paths and gs:// alike. The half-written last line of a killed run is
-  skipped; NaN and infinities were written as null.
-
-  Example:
-    >>> rows = read_metrics("runs/mnist1d_lstm/baseline")  # doctest: +SKIP
-    >>> [row["eval/accuracy"] for row in rows if "eval/accuracy" in row]  # doctest: +SKIP
-  """
-  path = workdirs.as_path(path)
-  if not path.name.endswith(".jsonl"):
-    path = path / "metrics.jsonl"
-  return [row for _, row in _parsed_rows(path)]
-
-
 def last_logged_step(workdir: str | os.PathLike) -> int:
   """The largest step of `workdir/metrics.jsonl` (0 without the file or a row past step 0)."""
   path = workdirs.as_path(workdir) / "metrics.jsonl"
-  return max((step for step, _ in _parsed_rows(path)), default=0) if path.exists() else 0
-
-
-def _parsed_rows(path: epath.Path) -> Iterator[tuple[int, dict[str, Any]]]:
-  """(step, row) of each line of `path` that parses; the half-written last line of a
-  killed run is skipped."""
-  for line in path.read_text(encoding="utf-8").splitlines():
-    try:
-      row = json.loads(line)  # also reads the NaN literals of older files
-      yield int(row["step"]), row
-    except (ValueError, TypeError, KeyError):
-      continue
+  return max((step for step, _ in metrics_io.parsed_rows(path)), default=0) if path.exists() else 0
 
 
 def _rows_up_to(path: epath.Path, last_step: int) -> tuple[str | None, set[str]]:
@@ -267,7 +240,7 @@ def _rows_up_to(path: epath.Path, last_step: int) -> tuple[str | None, set[str]]
   if not path.exists():
     return None, set()
   kept, keys_at_last = [], set()
-  for step, row in _parsed_rows(path):
+  for step, row in metrics_io.parsed_rows(path):
     if step > last_step:
       continue
     kept.append(strict_json.line(row))

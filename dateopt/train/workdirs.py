@@ -17,12 +17,13 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import uuid
 
 from etils import epath
+
+from dateopt import extras
 
 # `scheme://`, as URLs spell it; a local path never starts so.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -74,19 +75,12 @@ def require_packages(workdir: str | os.PathLike) -> None:
   """Raises ModuleNotFoundError, naming the extra to install, if `workdir`'s scheme needs it."""
   url_scheme = scheme(workdir)
   needed = _SCHEME_MODULES.get(url_scheme, {})
-  missing = [package for module, package in needed.items() if not _installed(module)]
+  missing = [package for module, package in needed.items() if not extras.installed(module)]
   if missing:
     extra = _SCHEME_EXTRAS[url_scheme]
     raise ModuleNotFoundError(
         f"a {url_scheme}:// workdir needs {' and '.join(missing)}: "
         f"pip install 'dateopt[{extra}]'.")
-
-
-def _installed(module: str) -> bool:
-  try:
-    return importlib.util.find_spec(module) is not None
-  except ModuleNotFoundError:  # a missing parent package (`google.cloud`)
-    return False
 
 
 def write_atomically(path: epath.Path, text: str) -> None:
