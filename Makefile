@@ -33,13 +33,16 @@ data: install
 	$(BIN)/python scripts/prepare_data.py shakespeare
 
 ## The test suite (8 simulated CPU devices are set in tests/conftest.py); the language-model
-## notebook reads the default corpus, so it is prepared first.
+## notebook reads the default corpus, so it is prepared first. Two worker processes, a test
+## file each at a time (module fixtures are shared within a file): one per core of a 2-core
+## machine, where one process alone leaves a core idle while it compiles or waits.
+TEST_WORKERS ?= 2
 test: data
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 ## The edit-loop subset: every test not marked slow (training runs, subprocesses, notebooks).
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 ## The documentation site (Sphinx + MyST) into docs/_build/html; a warning is an error.
 $(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
