@@ -253,15 +253,21 @@ def test_params_are_bit_identical_with_the_watch_on_and_off(family, multiple):
 
 # --- The trainer: status 1, one line, the last healthy checkpoint kept ------------------------
 
+_ENV = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=conftest.SLOW_COLLECTIVES)
+
+
+def _diverging_command(workdir, *flags):
+  """`dateopt-train` on the LSTM at 1,000x its tuned LR, a checkpoint every 5 steps."""
+  return [sys.executable, "-m", "dateopt.cli", "--config",
+          os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(workdir),
+          "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
+          "--config.progress_bar=False", "--config.checkpoint_every_steps=5",
+          "--config.dataset_kwargs.num_samples=4000", "--config.eval_every_steps=0", *flags]
+
+
 def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_checkpoint(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=conftest.SLOW_COLLECTIVES)
-  done = subprocess.run(
-      [sys.executable, "-m", "dateopt.cli", "--config",
-       os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(tmp_path),
-       "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
-       "--config.progress_bar=False", "--config.checkpoint_every_steps=5",
-       "--config.dataset_kwargs.num_samples=4000", "--config.eval_every_steps=0"],
-      capture_output=True, text=True, env=env, timeout=600, check=False)
+  done = subprocess.run(_diverging_command(tmp_path), capture_output=True, text=True, env=_ENV,
+                        timeout=600, check=False)
   assert done.returncode == 1, done.stderr[-3000:]
   last_line = done.stderr.strip().splitlines()[-1]
   assert last_line.startswith("dateopt-train: stopped: the adaptive run diverged at step ")
@@ -276,17 +282,11 @@ def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_check
 
 
 def _diverging_run(workdir):
-  """The LSTM at 1,000x its LR, slow to give up, a checkpoint every 5 steps, 2 kept."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=conftest.SLOW_COLLECTIVES)
+  """`_diverging_command`, slow to give up, with 2 checkpoints kept and every step logged."""
   return subprocess.Popen(
-      [sys.executable, "-m", "dateopt.cli", "--config",
-       os.path.join(REPO, "configs", "mnist1d_lstm.py"), "--workdir", str(workdir),
-       "--config.strategy=adaptive", "--config.baseline.learning_rate=2.0",
-       "--config.divergence_patience=1000", "--config.progress_bar=False",
-       "--config.checkpoint_every_steps=5", "--config.keep_checkpoints=2",
-       "--config.log_every_steps=1", "--config.dataset_kwargs.num_samples=4000",
-       "--config.eval_every_steps=0"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+      _diverging_command(workdir, "--config.divergence_patience=1000",
+                         "--config.keep_checkpoints=2", "--config.log_every_steps=1"),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_ENV)
 
 
 def _rows(metrics):

@@ -118,9 +118,10 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
     loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup)
     # A rerun of a finished run takes no step (an adaptive run ends before num_train_steps):
     # it reports the final metrics again and writes nothing.
-    for step in range(loop.start_step + 1, exp.num_train_steps + 1):
-      if loop.finished_before or loop.run_step(step, stops):
-        break
+    if not loop.finished_before:
+      for step in range(loop.start_step + 1, exp.num_train_steps + 1):
+        if loop.run_step(step, stops):
+          break
     steps_taken = loop.finish()
     return _summarize(exp, loop, steps_taken, workdir)
 
