@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CONFIG ?= configs/mnist1d_lstm.py
 WORKDIR ?= runs/mnist1d_lstm
 
-.PHONY: run run-lm data test test-fast docs bench install clean
+.PHONY: run run-lm data test test-fast test-oldest docs bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,18 @@ test: data
 test-fast: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
+## The fast tests against the oldest jax, optax, chex, flax, orbax and numpy that
+## pyproject.toml allows (.ci/oldest.txt), in an environment of their own.
+OLDEST := .venv-oldest
+$(OLDEST)/.installed: pyproject.toml .ci/oldest.txt
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --upgrade pip
+	$(OLDEST)/bin/python -m pip install -q -c .ci/oldest.txt -e ".[test]"
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+
 ## The documentation site (Sphinx + MyST) into docs/_build/html; a warning is an error.
 $(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e ".[test,docs]"
@@ -51,9 +63,10 @@ $(VENV)/.docs-installed: pyproject.toml | $(VENV)/.installed
 
 docs: $(VENV)/.docs-installed
 	$(BIN)/python -m sphinx -E -W --keep-going -q -b html docs docs/_build/html
+	$(BIN)/python scripts/check_api_inventory.py docs/_build/html/objects.inv
 
 bench: install
 	$(BIN)/python scripts/bench_optimizers.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache docs/_build
+	rm -rf $(VENV) $(OLDEST) runs .pytest_cache docs/_build

@@ -200,8 +200,7 @@ def _failed_write_message(error: BaseException, workdir: str) -> str | None:
   if _in_checkpoint_save(error) and not what.startswith("a checkpoint save"):
     from dateopt.train import workdirs
     what = f"a checkpoint save in {workdirs.as_path(workdir) / 'checkpoints'} failed: {what}"
-  # metrics.py's dead TensorBoard writer: its thread's errno is lost, its message guesses.
-  no_space = number in _NO_SPACE or (number == errno.EIO and "a full disk" in what)
+  no_space = number in _NO_SPACE
   return (f"stopped: {what}" + (f": {filename}" if filename else "")
           + "; the checkpoints saved before it are kept. "
           + ("Free space" if no_space else "Fix what stopped it")

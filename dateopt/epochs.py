@@ -46,9 +46,11 @@ def epochs_to_steps(
 ) -> int:
   """Converts a (possibly fractional) number of epochs to optimizer steps.
 
-  steps = round(epochs · steps_per_epoch(num_examples, batch_size,
-  drop_remainder)), rounding halves up. Every epoch→step conversion in dateopt
-  goes through this function.
+  Rounding halves up::
+
+      steps = round(epochs · steps_per_epoch(num_examples, batch_size, drop_remainder))
+
+  Every epoch→step conversion in dateopt goes through this function.
 
   Example:
     >>> epochs_to_steps(0.3125, 1_281_167, 1024)   # 0.3125 · 1251 = 390.9

@@ -37,13 +37,14 @@ from typing import Any, Callable, Union
 import jax
 import numpy as np
 
-# Names of leaves that normalisation layers and biases use across Flax, Haiku and
-# Keras-style trees. Leaves with ndim <= 1 are excluded too, which catches the rest.
+#: Leaf names that normalisation layers and biases use across Flax, Haiku and Keras-style
+#: trees; `ExcludeBiasAndNorm` leaves them out (and every leaf with ndim <= 1, which catches
+#: the rest).
 BIAS_AND_NORM_NAMES = frozenset({"bias", "scale", "beta", "gamma", "offset"})
 
-# Names of the modules holding learned position-embedding tables (dateopt's, timm's,
-# Hugging Face's, GPT-2's "wpe"). Such a table is added to every input at its position:
-# a bias indexed by position, so it is treated as a bias.
+#: Module names of learned position-embedding tables (dateopt's, timm's, Hugging Face's,
+#: GPT-2's "wpe"). Such a table is added to every input at its position, a bias indexed by
+#: position, so `ExcludeBiasAndNorm` treats it as one.
 POSITION_TABLE_NAMES = frozenset({"position_embed", "pos_embed", "position_embedding", "wpe"})
 
 # NNX `Variable`s flatten to a leaf under one of these attribute names.
@@ -172,7 +173,10 @@ class Not(Mask):
     return not self.mask.select(path, leaf)
 
 
+#: The default mask, which selects every leaf but biases, normalisation parameters and
+#: position tables (`ExcludeBiasAndNorm`).
 exclude_bias_and_norm = ExcludeBiasAndNorm()
+#: The mask that selects every leaf (the same as `mask=None`).
 everything = Everything()
 
 
@@ -192,13 +196,16 @@ def min_ndim(ndim: int = 2) -> Mask:
   return MinNdim(ndim)
 
 
-# Names a config may use for a mask ("mask: exclude_bias_and_norm").
+#: The masks a config may name as its `mask` field, by name (see `from_name`).
 NAMED_MASKS = {
     "exclude_bias_and_norm": exclude_bias_and_norm,
     "all": everything,
     "kernels": min_ndim(2),
 }
 
+#: What a `mask=` argument accepts (see `resolve`). None or True selects every leaf, False
+#: none; otherwise a `Mask`, a string (a name in `NAMED_MASKS` or a regex on the parameter
+#: path), a callable `params -> bool tree`, or a bool tree shaped like the parameters.
 MaskLike = Union[None, bool, str, Mask, Callable[[Any], Any], Any]
 
 

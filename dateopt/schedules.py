@@ -30,11 +30,14 @@ import optax
 
 from dateopt.validation import check_choice, check_range
 
+#: The batch-size scaling rules `scale_learning_rate` knows.
 SCALING_RULES = ("linear", "sqrt", "none")
+#: The decays `warmup_decay_schedule` can join to its warmup.
 DECAYS = ("polynomial", "cosine", "exponential", "multistep", "constant")
 
-# Goyal et al. 2017: a 5-epoch gradual warmup and x0.1 at epochs 30, 60, 80.
+#: Goyal et al. 2017's gradual warmup, in epochs.
 GOYAL_WARMUP_EPOCHS = 5.0
+#: The epochs of Goyal et al. 2017's step decay, where the LR is multiplied by 0.1.
 GOYAL_DECAY_EPOCHS = (30.0, 60.0, 80.0)
 
 
@@ -213,9 +216,12 @@ def warmup_polynomial_decay(
 ) -> optax.Schedule:
   """The MLPerf LARS schedule (docs/papers.md §1/§3, You et al. 2017).
 
-  lr(t) = peak·t/T_w for t < T_w, then
-  end + (peak − end)·(1 − (t − T_w)/(T − T_w + 1))^power; power 2, end 1e-4 by
-  default.
+  With T_w the warmup steps and T the total steps::
+
+      lr(t) = peak·t/T_w                                               for t < T_w
+      lr(t) = end + (peak − end)·(1 − (t − T_w)/(T − T_w + 1))^power   for t ≥ T_w
+
+  `power` is 2 and `end` (`end_value`) 1e-4 by default.
 
   Example:
     >>> s = warmup_polynomial_decay(17.0, 780, 6552)

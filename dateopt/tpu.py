@@ -4,7 +4,8 @@
 Every subcommand is a short sequence of `gcloud` commands; `--dry-run` prints
 them (one per line, shell-quoted, in order) and runs nothing, not even the
 packing of the local tree. Needs only the Python standard library and, for real
-runs, the Google Cloud CLI (`gcloud`).
+runs, the Google Cloud CLI (`gcloud`). Works from a clone and from a wheel
+install (`pip install dateopt`) alike.
 
   T="my-tpu --zone=us-central2-b --project=my-project"
   S="--accelerator-type=v4-32 --version=tpu-ubuntu2204-base"
@@ -16,25 +17,37 @@ runs, the Google Cloud CLI (`gcloud`).
   dateopt-tpu stop $T          # SIGTERM: the trainer checkpoints, then exits
   dateopt-tpu delete $T        # add --queued for a queued resource
   dateopt-tpu --dry-run run $T $S $J             # print the gcloud commands
+  dateopt-tpu run $T $S $J --wheel=dist/dateopt-0.1.0-py3-none-any.whl  # a local build
 
 The steps of `run`, each a subcommand of its own:
 
 * `create`: a TPU VM (`--spot` for a Spot VM), or with `--queued` a queued
   resource (`gcloud compute tpus queued-resources create ... --node-id`),
   waited on until it is ACTIVE.
-* `copy`: the local working tree, as it is now (uncommitted changes and new
-  files included; no git remote needed), packed into a tarball and unpacked
-  into ~/dateopt on every worker. In a git checkout the files are those of
+* `copy`: what the workers install. From a clone (or with `--source DIR`): the
+  local working tree, as it is now (uncommitted changes and new files
+  included; no git remote needed), packed into a tarball and unpacked into
+  ~/dateopt on every worker. In a git checkout the files are those of
   `git ls-files --cached --others --exclude-standard`; elsewhere the tree, without
-  .git, .venv, runs/ and caches. The workers' ~/dateopt/.venv is kept.
-* `install`: python3 >= 3.11 and its venv package (apt, if missing), tmux and
-  lsof, then `pip install -e '.[train,data,gcp,tpu]'` into ~/dateopt/.venv.
-* `start`: kills what a previous run left (the tmux session, any
-  dateopt-train, whatever holds the TPU, /tmp/libtpu_lockfile), then starts
-  `dateopt-train --config ... --workdir ... [--config.x=y ...]` on every worker
-  in a detached tmux session `dateopt`, each worker logging to
-  ~/dateopt_logs/worker-<i>.log. jax.distributed joins the workers by itself
-  (dateopt-train's `--jax_distributed=auto`).
+  .git, .venv, runs/ and caches. The workers' ~/dateopt/.venv is kept. With
+  `--wheel PATH`: that wheel or sdist, to the home directory. From a wheel
+  install with neither: nothing (`install` takes the release from PyPI).
+* `install`: python3 >= 3.11 and its venv package (apt, if missing) and lsof,
+  then into ~/dateopt/.venv: `pip install -e '.[train,data,gcp,tpu]'` of the
+  copied tree, the copied wheel, or `pip install 'dateopt[...]==VERSION'`,
+  VERSION being this dateopt's own.
+* `start`: ends the dateopt-train that an earlier `start` began, if it still
+  runs (its process group, named by ~/dateopt_logs/dateopt-train.pid: SIGTERM,
+  then SIGKILL after the grace), refuses to go on if any other process holds
+  the TPU (it lists them; ending them is left to their owner), removes a stale
+  /tmp/libtpu_lockfile, then starts `dateopt-train --config ... --workdir ...
+  [--config.x=y ...]` in the background (setsid nohup) on every worker, each
+  logging to ~/dateopt_logs/worker-<i>.log. jax.distributed joins the workers
+  by itself (dateopt-train's `--jax_distributed=auto`).
+
+No command signals a process that `start` did not begin: `stop` and `start`
+signal only the process group in the pid file, and only while its leader's
+command line still names dateopt-train (a pid the system reused is left alone).
 
 `watch` (or `run --watch`) polls the resource: when a Spot VM is PREEMPTED (or
 a queued resource SUSPENDED/FAILED) it deletes and re-creates it, copies,
@@ -56,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import re
 import shlex
@@ -70,29 +82,41 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # The clone this module runs from (dateopt installed from source, or `scripts/tpu_vm.py`);
-# None for a wheel in site-packages, which has no tree to copy: --source names one then.
-_PARENT = Path(__file__).resolve().parent.parent
+# None for a wheel in site-packages, which has no tree to copy (see `source_tree`).
+PACKAGE_DIR = Path(__file__).resolve().parent
+_PARENT = PACKAGE_DIR.parent
 REPO_ROOT = _PARENT if (_PARENT / "pyproject.toml").is_file() else None
 REMOTE_DIR = "~/dateopt"
 REMOTE_TARBALL = "dateopt-src.tar.gz"  # in the worker's home directory
 LOG_DIR = "~/dateopt_logs"
 STOPPED_MARKER = f"{LOG_DIR}/stopped"  # written by `stop`, so `watch` leaves the run alone
-TMUX_SESSION = "dateopt"
+# The pid of the trainer's shell, which `start` makes a process group leader: `stop`
+# signals that group (the shell, the trainer and its children) and nothing else.
+PID_FILE = f"{LOG_DIR}/dateopt-train.pid"
 DEFAULT_EXTRAS = "train,data,gcp,tpu"
+DEFAULT_GRACE_SECONDS = 300
 # dateopt.train.workdir_lock.LOCK_NAME (this script imports nothing of dateopt).
 WORKDIR_LOCK_NAME = "run.lock"
-# Matches the trainer's Python process only: its command line starts with the
-# interpreter, then the dateopt-train script. The shells that launch it (tmux's
-# pane, the ssh command) contain "dateopt-train" too but start with "bash"/"sh";
-# signalling the pane's shell would SIGHUP the trainer mid-checkpoint.
-TRAINER_PATTERN = r"^[^ ]*python[^ ]* [^ ]*dateopt-train"
-# Who holds the TPU: v2-v4 chips are /dev/accel*, v5e/v5p/v6e are /dev/vfio/*.
+# Who holds the TPU: v2-v4 chips are /dev/accel*, v5e/v5p/v6e are /dev/vfio/*. Only
+# read (sudo: lsof sees other users' processes only as root), never signalled.
 TPU_HOLDER_PIDS = "ls /dev/accel* /dev/vfio/* 2>/dev/null | xargs -r sudo lsof -t 2>/dev/null"
 WORKER_INDEX = ('$(curl -sf -H "Metadata-Flavor: Google" http://metadata.google.internal/'
                 "computeMetadata/v1/instance/attributes/agent-worker-number || hostname)")
 # Double quotes inside the remote scripts: each level of single quotes triples in a dry run.
-TRAINER_MATCH = f'"{TRAINER_PATTERN}"'
+# `ours` answers whether $pid (read from PID_FILE) is still the group that `start` began:
+# a number above 1 (kill -- -1 would reach every process), not this very shell (whose
+# own command line names dateopt-train), a process group leader, and one whose command
+# line names dateopt-train, so that a pid the system gave to another process is left alone.
+READ_PID = f'pid=$(cat {PID_FILE} 2>/dev/null | tr -cd 0-9)'
+OURS = ('ours() { [ "${pid:-0}" -gt 1 ] && [ "$pid" != "$$" ] && '
+        '[ "$(ps -o pgid= -p "$pid" | tr -d " ")" = "$pid" ] && '
+        'tr "\\0" " " < /proc/$pid/cmdline | grep -q dateopt-train; } 2>/dev/null')
 LARGE_TARBALL_MIB = 100
+# A wheel or sdist of dateopt, as `pip wheel` or `python -m build` names it; only these
+# characters, since the name goes into the remote shell.
+WHEEL_NAME = re.compile(r"^dateopt-[A-Za-z0-9._+-]+\.(whl|tar\.gz|zip)$")
+VERSION_LINE = re.compile(r'^__version__ = "([A-Za-z0-9.+_-]+)"$', re.M)
+TREE, FILE, RELEASE = "tree", "file", "release"
 EXCLUDED_NAMES = frozenset({".git", ".venv", "venv", "runs", "__pycache__", ".pytest_cache",
                             ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", ".cache"})
 ACCELERATOR_TYPE = re.compile(r"^[a-z]+[0-9]+[a-z]*-([0-9]+)$")  # v4-32, v5litepod-16, v6e-8
@@ -148,6 +172,37 @@ class TrainJob:
   def argv(self) -> list[str]:
     return [".venv/bin/dateopt-train", "--config", self.config, "--workdir", self.workdir,
             *self.args]
+
+
+@dataclasses.dataclass(frozen=True)
+class Package:
+  """What the workers install into ~/dateopt/.venv, and from where.
+
+  TREE: a source tree copied to ~/dateopt, installed editable (`path`: the local
+  tree to pack; None when it is packed already). FILE: a wheel or sdist at
+  `path`, copied to the worker's home directory. RELEASE: dateopt `version`
+  from PyPI, nothing copied.
+
+  Example:
+    >>> Package(RELEASE, version="0.1.0").pip_argument("train,data")
+    '"dateopt[train,data]==0.1.0"'
+    >>> Package(FILE, Path("dist/dateopt-0.1.0-py3-none-any.whl")).pip_argument("tpu")
+    '"dateopt[tpu] @ file://$HOME/dateopt-0.1.0-py3-none-any.whl"'
+  """
+  kind: str
+  path: Path | None = None
+  version: str | None = None
+
+  def pip_argument(self, extras: str) -> str:
+    """What follows `pip install` on a worker, in ~/dateopt ($HOME in double quotes expands)."""
+    if self.kind == TREE:
+      return f'-e ".[{extras}]"'
+    if self.kind == FILE:
+      return f'"dateopt[{extras}] @ file://$HOME/{self.path.name}"'
+    return f'"dateopt[{extras}]=={self.version}"'
+
+
+COPIED_TREE = Package(TREE)  # the tree on the workers already (a relaunch, `install`)
 
 
 # ------------------------------------------------------------------ gcloud commands (pure)
@@ -226,72 +281,112 @@ def unpack_script() -> str:
                f"rm -rf {REMOTE_DIR}", f"mv {new} {REMOTE_DIR}", f"rm -f ~/{REMOTE_TARBALL}")
 
 
-def install_script(extras: str = DEFAULT_EXTRAS) -> str:
-  """Python >= 3.11 with venv, tmux and lsof (apt, if missing), then dateopt into ~/dateopt/.venv.
+def install_script(extras: str = DEFAULT_EXTRAS, package: Package = COPIED_TREE) -> str:
+  """Python >= 3.11 with venv and lsof (apt, if missing), then dateopt into ~/dateopt/.venv.
 
   TPU VM images of Ubuntu 22.04 ship Python 3.10, below dateopt's 3.11: then
-  apt's python3.11 is installed beside it.
+  apt's python3.11 is installed beside it. A wheel replaces the dateopt that
+  is there (a rebuilt wheel may keep its version number).
+
+  Example:
+    >>> install_script("train", Package(RELEASE, version="0.1.0")).endswith(
+    ...     '.venv/bin/python -m pip install -q "dateopt[train]==0.1.0"')
+    True
   """
   find_python = ("PY=; for p in python3.13 python3.12 python3.11 python3; do "
                  "if command -v $p >/dev/null && "
                  '$p -c "import sys; sys.exit(sys.version_info < (3, 11))" 2>/dev/null; '
                  "then PY=$p; break; fi; done")
   apt = "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq"
+  replace = (".venv/bin/python -m pip uninstall -q -y dateopt 2>/dev/null || true",
+             ) if package.kind == FILE else ()
   return shell(
-      "set -e", f"cd {REMOTE_DIR}", "need=",
-      'command -v tmux >/dev/null || need="$need tmux"',
-      'command -v lsof >/dev/null || need="$need lsof"',
+      "set -e", f"mkdir -p {REMOTE_DIR}", f"cd {REMOTE_DIR}", "need=",
+      'command -v lsof >/dev/null || need="$need lsof"',  # start reads the TPU's holders
       find_python,
       'if [ -z "$PY" ]; then PY=python3.11; need="$need python3.11"; fi',
       # Debian/Ubuntu ship ensurepip (what venv needs) in python3.X-venv.
       '$PY -c "import ensurepip" 2>/dev/null || need="$need $PY-venv"',
       f'if [ -n "$need" ]; then {apt} $need; fi',
       "if [ ! -x .venv/bin/pip ]; then rm -rf .venv; $PY -m venv .venv; fi",
-      ".venv/bin/python -m pip install -q --upgrade pip",
-      f'.venv/bin/python -m pip install -q -e ".[{extras}]"')
+      ".venv/bin/python -m pip install -q --upgrade pip", *replace,
+      f".venv/bin/python -m pip install -q {package.pip_argument(extras)}")
 
 
-def kill_stale_script() -> str:
-  """Frees the TPU: the old tmux session, any trainer, any TPU holder, libtpu's lock file.
+def end_ours_function(grace_seconds: int = DEFAULT_GRACE_SECONDS) -> str:
+  """Shell function `end_ours`: SIGTERM to the group $pid, SIGKILL if it outlives the grace.
 
-  A second libtpu process cannot open a TPU that another one holds, and a
-  killed one leaves /tmp/libtpu_lockfile behind.
+  Called only after `ours`. The group is polled each second (`kill -0` sends no
+  signal) so that the SIGKILL follows closely enough to reach the same group.
   """
-  return shell(f"tmux kill-session -t {TMUX_SESSION} 2>/dev/null || true",
-               f"pkill -9 -f {TRAINER_MATCH} || true",
-               f"{TPU_HOLDER_PIDS} | sort -u | xargs -r sudo kill -9 2>/dev/null || true",
-               "sudo rm -f /tmp/libtpu_lockfile")
+  return ("end_ours() { kill -s TERM -- -$pid; "
+          f"for i in $(seq {max(1, grace_seconds)}); do "
+          "kill -0 -- -$pid 2>/dev/null || return 0; sleep 1; done; "
+          f'echo "dateopt-train still runs after {grace_seconds} s on $(hostname): '
+          'SIGKILL to its process group $pid"; kill -s KILL -- -$pid 2>/dev/null || true; }')
+
+
+def prepare_script(grace_seconds: int = DEFAULT_GRACE_SECONDS) -> str:
+  """Before a start: ends the run an earlier start began, then checks that the TPU is free.
+
+  A process that holds the TPU and is not ours is listed, and the start is
+  refused (status 1): it may be someone else's work, so ending it is left to
+  its owner. A libtpu that ended without cleaning up leaves
+  /tmp/libtpu_lockfile behind; with no holder left it is stale.
+  """
+  holders = f"holders=$({TPU_HOLDER_PIDS} | sort -u | paste -sd, -)"
+  return shell(
+      f"mkdir -p {LOG_DIR}", READ_PID, OURS, end_ours_function(grace_seconds),
+      'if ours; then echo "ending the dateopt-train that dateopt-tpu started before on '
+      '$(hostname) (process group $pid)"; end_ours; fi',
+      f"rm -f {PID_FILE}",
+      # A process that just ended may hold the device for a moment longer.
+      f'for i in $(seq 10); do {holders}; [ -z "$holders" ] && break; sleep 1; done',
+      'if [ -n "$holders" ]; then '
+      'echo "dateopt-tpu: the TPU of $(hostname) is in use by processes that dateopt-tpu '
+      'did not start:"; ps -o pid,user,etime,args -p "$holders"; '
+      'echo "dateopt-tpu: not starting dateopt-train; end those processes yourself '
+      '(as their owner), then run start again"; exit 1; fi',
+      "sudo rm -f /tmp/libtpu_lockfile")
 
 
 def trainer_shell(job: TrainJob) -> str:
-  """What runs in the tmux pane: the trainer, its output and exit status appended to its log.
+  """What runs in the background: the trainer, its output and exit status appended to its log.
 
   The last line `== dateopt-train exited with status N` is what `watch` reads.
+  The shell catches SIGTERM (`stop` signals the whole group), so it lives on to
+  write that line; its children get the default SIGTERM back (the trainer
+  saves a checkpoint and exits 143).
   """
   log = f"{LOG_DIR}/worker-$WORKER.log"
-  return (f"WORKER={WORKER_INDEX}; cd {REMOTE_DIR} && "
+  return (f"trap : TERM; WORKER={WORKER_INDEX}; cd {REMOTE_DIR} && "
           '{ echo "== dateopt-train starts on worker $WORKER at $(date -u)"; '
           f"PYTHONUNBUFFERED=1 {shlex.join(job.argv())}; "
           'echo "== dateopt-train exited with status $?"; } '
-          f"2>&1 | tee -a {log}")
+          f">> {log} 2>&1")
 
 
 def launch_script(job: TrainJob) -> str:
-  """Starts `trainer_shell(job)` in a detached tmux session (it outlives the ssh connection)."""
+  """Starts `trainer_shell(job)` in the background, as the leader of a new process group.
+
+  setsid makes the shell the leader (its pid is the group's id) and detaches it
+  from the ssh connection; nohup and the redirections keep it from the
+  connection's hangup and streams. `$!` is that shell's pid, kept in PID_FILE.
+  """
   return shell("set -e", f"mkdir -p {LOG_DIR}", f"rm -f {STOPPED_MARKER}",
-               f"tmux new-session -d -s {TMUX_SESSION} {shlex.quote(trainer_shell(job))}")
+               f"setsid nohup bash -c {shlex.quote(trainer_shell(job))} "
+               f"</dev/null >/dev/null 2>&1 & echo $! > {PID_FILE}")
 
 
-def stop_script(grace_seconds: int = 300) -> str:
-  """SIGTERM to the trainer (it saves a checkpoint and exits 143), then SIGKILL after the grace."""
-  pattern = TRAINER_MATCH
-  rounds = max(1, math.ceil(grace_seconds / 5))
+def stop_script(grace_seconds: int = DEFAULT_GRACE_SECONDS) -> str:
+  """SIGTERM to the group `start` began (the trainer saves a checkpoint and exits 143),
+  then SIGKILL after the grace; nothing when the pid file names no process of ours."""
   return shell(
-      f"mkdir -p {LOG_DIR}", f"touch {STOPPED_MARKER}", f"pkill -TERM -f {pattern} || true",
-      f"for i in $(seq {rounds}); do pgrep -f {pattern} >/dev/null || break; sleep 5; done",
-      f"if pgrep -f {pattern} >/dev/null; then echo \"dateopt-train still runs after "
-      f"{grace_seconds} s on $(hostname): killed\"; pkill -9 -f {pattern}; fi",
-      f"tmux kill-session -t {TMUX_SESSION} 2>/dev/null || true")
+      f"mkdir -p {LOG_DIR}", f"touch {STOPPED_MARKER}", READ_PID, OURS,
+      end_ours_function(grace_seconds),
+      'if ours; then end_ours; '
+      'else echo "no dateopt-train started by dateopt-tpu runs on $(hostname)"; fi',
+      f"rm -f {PID_FILE}")
 
 
 def tail_script(lines: int = 100, follow: bool = False) -> str:
@@ -301,9 +396,10 @@ def tail_script(lines: int = 100, follow: bool = False) -> str:
 
 def run_status_script() -> str:
   """Prints `stopped`, `running`, or the last line of the log (its exit status, if it ended)."""
-  return (f"if [ -e {STOPPED_MARKER} ]; then echo stopped; "
-          f"elif tmux has-session -t {TMUX_SESSION} 2>/dev/null; then echo running; "
-          f"else tail -n 1 {LOG_DIR}/worker-*.log 2>/dev/null || true; fi")
+  return shell(READ_PID, OURS,
+               f"if [ -e {STOPPED_MARKER} ]; then echo stopped; "
+               "elif ours; then echo running; "
+               f"else tail -n 1 {LOG_DIR}/worker-*.log 2>/dev/null || true; fi")
 
 
 # ------------------------------------------------------------------ command sequences (pure)
@@ -313,16 +409,27 @@ def copy_commands(target: Target, tarball: str) -> list[list[str]]:
   return [scp_command(target, tarball, REMOTE_TARBALL), ssh_command(target, unpack_script())]
 
 
-def install_commands(target: Target, extras: str = DEFAULT_EXTRAS) -> list[list[str]]:
-  return [ssh_command(target, install_script(extras))]
+def upload_commands(target: Target, package: Package, tarball: str) -> list[list[str]]:
+  """The tree (packed in `tarball`), or the wheel into the home directory; none for a release."""
+  if package.kind == TREE:
+    return copy_commands(target, tarball)
+  if package.kind == FILE:
+    return [scp_command(target, str(package.path), package.path.name)]
+  return []
+
+
+def install_commands(target: Target, extras: str = DEFAULT_EXTRAS,
+                     package: Package = COPIED_TREE) -> list[list[str]]:
+  return [ssh_command(target, install_script(extras, package))]
 
 
 def start_commands(target: Target, job: TrainJob) -> list[list[str]]:
-  # Two ssh calls: the launch's command line names dateopt-train, so it must not run pkill.
-  return [ssh_command(target, kill_stale_script()), ssh_command(target, launch_script(job))]
+  # Two ssh calls: every worker is checked (TPU free) before any of them starts.
+  return [ssh_command(target, prepare_script()), ssh_command(target, launch_script(job))]
 
 
-def stop_commands(target: Target, grace_seconds: int = 300) -> list[list[str]]:
+def stop_commands(target: Target,
+                  grace_seconds: int = DEFAULT_GRACE_SECONDS) -> list[list[str]]:
   return [ssh_command(target, stop_script(grace_seconds))]
 
 
@@ -377,16 +484,73 @@ def check_workdir(workdir: str, accelerator_type: str | None, ephemeral: bool) -
   return None
 
 
-def check_config(config: str, source_root: Path | None) -> str:
+def source_tree() -> Path | None:
+  """The clone this module runs from, sent to the workers by default; None for a wheel install.
+
+  Example:
+    >>> source_tree() in (REPO_ROOT, None)
+    True
+  """
+  return REPO_ROOT
+
+
+def package_version() -> str:
+  """This dateopt's version: `dateopt.__version__`, read from its file (no import needed).
+
+  Example:
+    >>> import dateopt
+    >>> package_version() == dateopt.__version__
+    True
+  """
+  match = VERSION_LINE.search((PACKAGE_DIR / "__init__.py").read_text())
+  if match is None:
+    raise TpuVmError(f"no __version__ in {PACKAGE_DIR / '__init__.py'}")
+  return match.group(1)
+
+
+def check_wheel(path: Path) -> Path:
+  """A local dateopt wheel or sdist, whose name is safe in the workers' shell."""
+  if not WHEEL_NAME.match(path.name):
+    raise TpuVmError(f"--wheel {path}: not a dateopt wheel or sdist (dateopt-VERSION-...whl "
+                     "or dateopt-VERSION.tar.gz, as `pip wheel --no-deps .` or "
+                     "`python -m build` names them)")
+  if not path.is_file():
+    raise TpuVmError(f"--wheel {path}: no such file")
+  return path
+
+
+def resolve_package(source: Path | None, wheel: Path | None) -> Package:
+  """--wheel, else --source or this clone's tree, else (a wheel install) this version's release.
+
+  Example:
+    >>> resolve_package(Path("."), None).kind
+    'tree'
+  """
+  if wheel is not None:
+    if source is not None:
+      raise TpuVmError("give --source or --wheel, not both")
+    return Package(FILE, check_wheel(wheel))
+  source = source if source is not None else source_tree()
+  if source is not None:
+    return Package(TREE, source)
+  return Package(RELEASE, version=package_version())
+
+
+def check_config(config: str, package: Package) -> str:
   """The config as a path relative to the copied tree (the workers run from ~/dateopt),
-  or a packaged config's name as it is (dateopt-train resolves it on the workers)."""
-  if source_root is None:
-    raise TpuVmError("no source tree to copy to the workers: this dateopt is not a clone; "
-                     "give --source <a clone of dateopt>")
+  or a packaged config's name as it is (dateopt-train resolves it on the workers).
+
+  Without a copied tree only a packaged config can run: nothing else reaches the workers.
+  """
+  source_root = package.path if package.kind == TREE else None
+  configs = (source_root / "dateopt" if source_root else PACKAGE_DIR) / "configs"
   path = Path(config)
-  if not path.suffix and "/" not in config and (source_root / "dateopt" / "configs"
-                                                / f"{config}.py").is_file():
+  if not path.suffix and "/" not in config and (configs / f"{config}.py").is_file():
     return config
+  if source_root is None:
+    raise TpuVmError(f"--config {config}: not a packaged config ({', '.join(packaged_configs())}"
+                     "); a config file needs its source tree on the workers: "
+                     "--source <a clone of dateopt>")
   if path.is_absolute():
     try:
       path = path.relative_to(source_root)
@@ -396,6 +560,12 @@ def check_config(config: str, source_root: Path | None) -> str:
   if not (source_root / path).is_file():
     raise TpuVmError(f"--config {config}: no such file in {source_root}")
   return path.as_posix()
+
+
+def packaged_configs() -> list[str]:
+  """The names `--config` takes without a source tree (dateopt/configs/*.py)."""
+  return sorted(path.stem for path in (PACKAGE_DIR / "configs").glob("*.py")
+                if not path.name.startswith("_"))
 
 
 def split_trainer_args(extra: Sequence[str]) -> tuple[str, ...]:
@@ -677,23 +847,33 @@ def ensure_created(runner: Runner, target: Target, spec: SliceSpec, *,
     wait_until_ready(runner, target, poll_seconds=poll_seconds, sleep=sleep)
 
 
-def copy(runner: Runner, target: Target, tarball: str, *, source_root: Path | None) -> None:
-  """Packs `source_root` into `tarball` (None: packed already) and unpacks it on every worker.
+def copy(runner: Runner, target: Target, tarball: str, *, package: Package) -> None:
+  """Sends what `package` installs to every worker: a tree (packed into `tarball` first,
+  unless its path is None: packed already), a wheel, or nothing for a release.
 
   A dry run packs nothing.
   """
-  if source_root is not None and not runner.dry_run:
-    count = write_source_tarball(source_root, tarball)
+  if package.kind == TREE and package.path is not None and not runner.dry_run:
+    count = write_source_tarball(package.path, tarball)
     mebibytes = os.path.getsize(tarball) / 2**20
-    say(f"packed {count} files of {source_root} into {tarball} ({mebibytes:.1f} MiB)")
+    say(f"packed {count} files of {package.path} into {tarball} ({mebibytes:.1f} MiB)")
     if mebibytes > LARGE_TARBALL_MIB:  # data or outputs inside the tree, probably
       say(f"warning: {mebibytes:.0f} MiB goes to every worker; keep data and runs in a "
           "bucket, or outside the tree (or in .gitignore)")
-  runner.run_all(copy_commands(target, tarball))
+  if package.kind == RELEASE:
+    say(f"no source tree here: the workers install dateopt=={package.version} from PyPI "
+        "(--wheel PATH sends a local build instead)")
+  runner.run_all(upload_commands(target, package, tarball))
+
+
+def packed(package: Package) -> Package:
+  """The package once `copy` has run: a tree is not packed again (relaunches send the same)."""
+  return COPIED_TREE if package.kind == TREE else package
 
 
 def relaunch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, tarball: str,
-             extras: str, poll_seconds: float, sleep: Callable[[float], None]) -> None:
+             extras: str, package: Package, poll_seconds: float,
+             sleep: Callable[[float], None]) -> None:
   """After a preemption: a new resource with the same name, code, packages, command and workdir."""
   runner.run(delete_command(target))
   create(runner, target, spec, poll_seconds=poll_seconds, sleep=sleep)
@@ -702,8 +882,8 @@ def relaunch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, 
     runner.query(remove_lock_command(job.workdir))
 
   def copy_install_start():
-    copy(runner, target, tarball, source_root=None)
-    runner.run_all(install_commands(target, extras))
+    copy(runner, target, tarball, package=packed(package))
+    runner.run_all(install_commands(target, extras, package))
     runner.run_all(start_commands(target, job))
 
   with_retries(copy_install_start, sleep=sleep)
@@ -726,10 +906,12 @@ def with_retries(step: Callable[[], None], *, sleep: Callable[[float], None], at
 
 
 def watch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, tarball: str,
-          extras: str = DEFAULT_EXTRAS, poll_seconds: float = 60, max_relaunches: int = 20,
+          extras: str = DEFAULT_EXTRAS, package: Package = COPIED_TREE,
+          poll_seconds: float = 60, max_relaunches: int = 20,
           sleep: Callable[[float], None] = time.sleep) -> str:
   """Polls until the run ends; relaunches it after a preemption. Returns the last reason.
 
+  A relaunch installs `package` again (a tree from `tarball`, packed already).
   A dry run prints one poll and the commands of one relaunch after a preemption.
   """
   relaunches, last_reason = 0, None
@@ -755,7 +937,7 @@ def watch(runner: Runner, target: Target, spec: SliceSpec, *, job: TrainJob, tar
       relaunches += 1
       if decision.action == RECREATE:
         relaunch(runner, target, spec, job=job, tarball=tarball, extras=extras,
-                 poll_seconds=poll_seconds, sleep=sleep)
+                 package=package, poll_seconds=poll_seconds, sleep=sleep)
       else:
         runner.run_all(start_commands(target, job))
       if runner.dry_run:
@@ -789,8 +971,12 @@ def _add_slice(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_copy(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--source", type=Path, default=REPO_ROOT,
-                      help="the local tree to copy (default: this repository)")
+  parser.add_argument("--source", type=Path, default=None,
+                      help="the local tree to copy and install editable (default: this "
+                           "clone; from a wheel install, none)")
+  parser.add_argument("--wheel", type=Path, default=None,
+                      help="a local dateopt wheel or sdist to copy and install instead of a "
+                           "tree (default without a tree: this version from PyPI)")
 
 
 def _add_install(parser: argparse.ArgumentParser) -> None:
@@ -804,7 +990,7 @@ def _add_job(parser: argparse.ArgumentParser, has_source: bool = False) -> None:
   parser.add_argument("--workdir", required=True,
                       help="gs://BUCKET/RUN (checkpoints, metrics, TensorBoard)")
   if not has_source:  # the config is checked against the tree that `copy` sends
-    parser.add_argument("--source", type=Path, default=REPO_ROOT, help=argparse.SUPPRESS)
+    parser.add_argument("--source", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def _add_watch(parser: argparse.ArgumentParser) -> None:
@@ -831,11 +1017,13 @@ def build_parser() -> argparse.ArgumentParser:
   sub = command("create", "create the TPU VM (or --queued resource, waited on until ACTIVE)")
   _add_kind(sub)
   _add_slice(sub)
-  sub = command("copy", "copy the local working tree to ~/dateopt on every worker")
+  sub = command("copy", "copy the local working tree (or --wheel) to every worker")
   _add_copy(sub)
   sub = command("install", "install dateopt into ~/dateopt/.venv on every worker")
+  _add_copy(sub)
   _add_install(sub)
-  sub = command("start", "kill a stale TPU process, start dateopt-train on every worker (tmux)")
+  sub = command("start", "start dateopt-train on every worker, in the background, after "
+                         "ending the one an earlier start began")
   _add_job(sub)
   sub.add_argument("--accelerator-type", default=None,
                    help="checks that a multi-worker slice gets a gs:// workdir")
@@ -843,8 +1031,9 @@ def build_parser() -> argparse.ArgumentParser:
   sub.add_argument("--worker", default="all", help="a worker index, or all (default)")
   sub.add_argument("--lines", type=int, default=100)
   sub.add_argument("--follow", action="store_true", help="keep printing new lines (tail -F)")
-  sub = command("stop", "SIGTERM dateopt-train on every worker (it checkpoints) and end tmux")
-  sub.add_argument("--grace-seconds", type=int, default=300,
+  sub = command("stop", "SIGTERM the dateopt-train that start began on every worker (it "
+                        "checkpoints)")
+  sub.add_argument("--grace-seconds", type=int, default=DEFAULT_GRACE_SECONDS,
                    help="SIGKILL a trainer still running after this long")
   sub = command("delete", "delete the TPU VM (or --queued resource, with its node)")
   _add_kind(sub)
@@ -878,8 +1067,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
       raise TpuVmError(f"--extras must be comma-separated extra names, not {args.extras!r}")
     if getattr(args, "worker", "all") != "all" and not args.worker.isdigit():
       raise TpuVmError(f"--worker must be a worker index or all, not {args.worker!r}")
+    if hasattr(args, "source"):
+      args.package = resolve_package(args.source, getattr(args, "wheel", None))
+    if args.command == "copy" and args.package.kind == RELEASE:
+      raise TpuVmError("nothing to copy: no source tree here (a wheel install) and no --wheel; "
+                       f"`install` installs dateopt=={args.package.version} from PyPI as it is")
     if hasattr(args, "config"):
-      args.config = check_config(args.config, args.source)
+      args.config = check_config(args.config, args.package)
       ephemeral = args.command in ("run", "watch") and (
           args.spot or args.queued or args.command == "watch" or args.watch)
       warning = check_workdir(args.workdir, args.accelerator_type, ephemeral)
@@ -909,9 +1103,9 @@ def dispatch(args: argparse.Namespace, runner: Runner) -> None:
   if args.command == "create":
     create(runner, target, _slice(args))
   elif args.command == "copy":
-    copy(runner, target, tarball, source_root=args.source)
+    copy(runner, target, tarball, package=args.package)
   elif args.command == "install":
-    runner.run_all(install_commands(target, args.extras))
+    runner.run_all(install_commands(target, args.extras, args.package))
   elif args.command == "start":
     runner.run_all(start_commands(target, _job(args)))
   elif args.command == "tail":
@@ -923,17 +1117,21 @@ def dispatch(args: argparse.Namespace, runner: Runner) -> None:
     runner.run(delete_command(target))
   elif args.command == "run":
     ensure_created(runner, target, _slice(args))
-    copy(runner, target, tarball, source_root=args.source)
-    runner.run_all(install_commands(target, args.extras))
+    copy(runner, target, tarball, package=args.package)
+    runner.run_all(install_commands(target, args.extras, args.package))
     runner.run_all(start_commands(target, _job(args)))
     if args.watch:
-      watch(runner, target, _slice(args), job=_job(args), tarball=tarball, extras=args.extras,
-            poll_seconds=args.poll_seconds, max_relaunches=args.max_relaunches)
+      _watch(args, runner, target, tarball)
   elif args.command == "watch":
-    if not runner.dry_run:  # relaunches copy the tree as it is now
-      write_source_tarball(args.source, tarball)
-    watch(runner, target, _slice(args), job=_job(args), tarball=tarball, extras=args.extras,
-          poll_seconds=args.poll_seconds, max_relaunches=args.max_relaunches)
+    if args.package.kind == TREE and not runner.dry_run:  # relaunches copy it as it is now
+      write_source_tarball(args.package.path, tarball)
+    _watch(args, runner, target, tarball)
+
+
+def _watch(args: argparse.Namespace, runner: Runner, target: Target, tarball: str) -> str:
+  return watch(runner, target, _slice(args), job=_job(args), tarball=tarball,
+               extras=args.extras, package=args.package, poll_seconds=args.poll_seconds,
+               max_relaunches=args.max_relaunches)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Every function returns an `optax.GradientTransformation` with a NamedTuple state,
 so each drops into `optax.chain`, `optax.masked`, `optax.inject_hyperparams`,
 `optax.MultiSteps`, `optax.apply_if_finite`, a Flax `TrainState` and an
-`nnx.Optimizer`. The aliases `lars` and `lamb` are plain `optax.chain`s of the
+`nnx.Optimizer`. The aliases `lars` and `lamb` are `optax.chain` calls over the
 public building blocks below, so a user can re-compose them.
 
 Norms are accumulated in float32 whatever the parameter dtype. With `axis_name`
@@ -29,8 +29,12 @@ from dateopt import masks as masks_lib
 from dateopt.validation import check_choice, check_range
 
 ScalarOrSchedule = optax.ScalarOrSchedule  # optax's own alias, not a second one
+#: A mapped axis name, or several, over which squared norms are summed; None for unsharded
+#: parameters.
 AxisName = Optional[Union[str, Sequence[str]]]
 
+#: The trust-ratio denominators of `scale_by_lars_trust_ratio`, "paper" (‖g‖ + β‖w‖) and
+#: "optax" (‖g + βw‖).
 LARS_MODES = ("paper", "optax")
 
 
@@ -120,9 +124,9 @@ def lars_ratio_from_sq_norms(w_sq, grad_sq, *, weight_decay, trust_coefficient, 
   ‖g + βw‖² in mode "optax" (denominator ‖g + βw‖ + eps).
 
   Example:
-    >>> float(lars_ratio_from_sq_norms(25.0, 1.0, weight_decay=0.1,
-    ...                                trust_coefficient=0.001))   # 0.005/1.5
-    0.0033333334
+    >>> round(float(lars_ratio_from_sq_norms(25.0, 1.0, weight_decay=0.1,
+    ...                                      trust_coefficient=0.001)), 6)  # 0.005/1.5
+    0.003333
   """
   w_norm, grad_norm = jnp.sqrt(w_sq), jnp.sqrt(grad_sq)
   if mode == "paper":
@@ -196,7 +200,7 @@ def scale_by_lars_trust_ratio(
 ) -> optax.GradientTransformation:
   """Scales each selected leaf's decayed gradient by the LARS trust ratio.
 
-  For a selected leaf with weights w and gradient g (You et al. 2017, eq. 6):
+  For a selected leaf with weights w and gradient g (You et al. 2017, eq. 6)::
 
       λ = η·‖w‖ / (‖g‖ + β·‖w‖ + eps)      mode="paper" (default)
       λ = η·‖w‖ / (‖g + β·w‖ + eps)        mode="optax" (as optax.lars)
@@ -282,6 +286,8 @@ def scale_by_momentum(
 ) -> optax.GradientTransformation:
   """Heavy-ball momentum on already LR-scaled updates, emitting −v (paper order).
 
+  ::
+
       v ← m·c·v + u          u: the LR-and-trust-scaled update
       out = −v               (Nesterov: −(u + m·v))
 
@@ -355,7 +361,7 @@ def lars(
 ) -> optax.GradientTransformation:
   """LARS: layer-wise adaptive rate scaling, in the paper's order (You et al. 2017).
 
-  For each selected leaf l (global LR γ_t, momentum m, weight decay β, trust η):
+  For each selected leaf l (global LR γ_t, momentum m, weight decay β, trust η)::
 
       λ_l = η‖w_l‖ / (‖g_l‖ + β‖w_l‖ + eps)        (mode="optax": η‖w‖/(‖g+βw‖+eps))
       v_l ← m·v_l + γ_t·λ_l·(g_l + β·w_l)          LR and trust ratio BEFORE momentum
@@ -519,6 +525,8 @@ def lamb(
     axis_name: AxisName = None,
 ) -> optax.GradientTransformation:
   """LAMB: Adam moments, decoupled weight decay, and a layer-wise trust ratio.
+
+  ::
 
       m ← β1·m + (1−β1)·g ;  v ← β2·v + (1−β2)·g²
       r = m̂/(√v̂ + eps) + λ·w                 (m̂, v̂ bias-corrected unless disabled)

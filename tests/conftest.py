@@ -1,13 +1,25 @@
 """Test configuration: 8 simulated CPU devices, set before jax is imported."""
 
+import importlib.metadata
 import os
 
 _FLAG = "--xla_force_host_platform_device_count=8"
+
+
+def _jaxlib_at_least(major: int, minor: int) -> bool:
+  """Whether the installed jaxlib is `major.minor` or newer (read before jax is imported)."""
+  release = importlib.metadata.version("jaxlib").split(".")[:2]
+  return tuple(int(part) for part in release) >= (major, minor)
+
+
 # XLA:CPU aborts the process ("Fatal Python error: Aborted") when a device thread has not
 # joined a collective within 40 s. Eight simulated devices on 2 busy cores can take that
-# long, so the suite gives them 10 minutes (the flags exist in jaxlib 0.10; unknown flags abort).
+# long, so the suite gives them 10 minutes. The flags exist in jaxlib 0.10, not in 0.8 (the
+# oldest allowed, `make test-oldest`), and an unknown flag aborts the process: older ones
+# keep XLA's default.
 SLOW_COLLECTIVES = ("--xla_cpu_collective_timeout_seconds=600 "
-                    "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+                    "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+                    if _jaxlib_at_least(0, 10) else "")
 # XLA:CPU runs each device's part of a program as a task on a client thread pool of
 # max(cores, devices) threads, and a part waiting in a collective holds its thread. With 8
 # simulated devices on 2 cores that pool is exactly 8 threads: 7 parts of one step waiting
@@ -20,7 +32,7 @@ MIN_CPU_THREADS = 64
 if int(os.environ.get("PJRT_NPROC") or 0) < MIN_CPU_THREADS:
   os.environ["PJRT_NPROC"] = str(MIN_CPU_THREADS)
 for flag in (_FLAG, SLOW_COLLECTIVES):
-  if flag not in os.environ.get("XLA_FLAGS", ""):
+  if flag and flag not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for the test run, inherited by the subprocess runs: the

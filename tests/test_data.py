@@ -351,3 +351,16 @@ def test_offline_data_loads_neither_tfds_nor_grain_nor_models():
                     "list(ds.train_iterator(32, seed=0, num_steps=2))",
                     ("tensorflow", "tensorflow_datasets", "grain", "flax"),
                     ("dateopt.models", "dateopt.train"))
+
+
+def test_worker_batches_use_grains_public_shared_memory_array():
+  # The workers hand batches over as grain's SharedMemoryArray (a name, not a copy of the
+  # bytes); a grain release that drops it from `grain.python` fails here, not silently slower.
+  from grain import python as grain_python  # pylint: disable=import-outside-toplevel
+  from dateopt.data import base  # pylint: disable=import-outside-toplevel
+  array = base._shared_array((2, 3), np.dtype(np.float32))  # pylint: disable=protected-access
+  try:
+    assert isinstance(array, grain_python.SharedMemoryArray)
+    assert array.shape == (2, 3) and array.dtype == np.float32
+  finally:
+    array.unlink_on_del()

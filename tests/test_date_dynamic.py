@@ -154,6 +154,13 @@ def _measure_noise_scale(grads_and_sq_norms, steps=500):
   return float(date.statistics(state)["noise_scale"])
 
 
+def _per_replica(tree, axis_name):
+  """`tree` marked as varying over `axis_name`: jax.lax.pcast (jax 0.10), or pvary (jax 0.8)."""
+  if hasattr(jax.lax, "pcast"):
+    return jax.lax.pcast(tree, axis_name, to="varying")
+  return jax.lax.pvary(tree, axis_name)  # jax 0.8, the oldest allowed (make test-oldest)
+
+
 def test_noise_scale_from_a_shard_map_data_parallel_step():
   mesh = jax.make_mesh((REPLICAS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
@@ -161,7 +168,7 @@ def test_noise_scale_from_a_shard_map_data_parallel_step():
                      out_specs=(P(), P(), P()))
   def data_parallel_grads(params, batch):
     # Per-replica gradients: take them w.r.t. a varying copy of the params.
-    local = jax.grad(_least_squares_loss)(jax.lax.pcast(params, "data", to="varying"),
+    local = jax.grad(_least_squares_loss)(_per_replica(params, "data"),
                                           batch)
     grads, sq = date.cross_replica_sq_norms(local, "data", LOCAL_BATCH)
     assert (sq.small_batch_size, sq.big_batch_size) == (LOCAL_BATCH, 64)

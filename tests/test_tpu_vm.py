@@ -1,16 +1,19 @@
 """dateopt-tpu (dateopt/tpu.py, and scripts/tpu_vm.py from a clone) without gcloud: the exact commands (--dry-run), the remote scripts, watch."""
 
 import ast
-import importlib.util
 import os
 import re
 import shlex
 import subprocess
 import sys
 import tarfile
+import time
+import types
 from pathlib import Path
 
 import pytest
+
+import dateopt
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "tpu_vm.py"
@@ -26,20 +29,49 @@ TARGET = ["my-tpu", "--zone=us-central2-b", "--project=my-project"]
 SLICE = ["--accelerator-type=v4-32", "--version=tpu-ubuntu2204-base"]
 JOB = ["--config=configs/imagenet_resnet50_legw.py", "--workdir=gs://my-bucket/runs/r50"]
 SSH = f"gcloud compute tpus tpu-vm ssh my-tpu {WHERE}"
-TRAINER = ("WORKER=$(curl -sf -H \"Metadata-Flavor: Google\" http://metadata.google.internal/"
+TRAINER = ("trap : TERM; "
+           "WORKER=$(curl -sf -H \"Metadata-Flavor: Google\" http://metadata.google.internal/"
            "computeMetadata/v1/instance/attributes/agent-worker-number || hostname); "
            "cd ~/dateopt && { echo \"== dateopt-train starts on worker $WORKER at $(date -u)\"; "
            "PYTHONUNBUFFERED=1 .venv/bin/dateopt-train --config configs/imagenet_resnet50_legw.py "
            "--workdir gs://my-bucket/runs/r50 --config.batch_size=16384; "
            "echo \"== dateopt-train exited with status $?\"; } "
-           "2>&1 | tee -a ~/dateopt_logs/worker-$WORKER.log")
-KILL_STALE = ("tmux kill-session -t dateopt 2>/dev/null || true; "
-              "pkill -9 -f \"^[^ ]*python[^ ]* [^ ]*dateopt-train\" || true; "
-              "ls /dev/accel* /dev/vfio/* 2>/dev/null | xargs -r sudo lsof -t 2>/dev/null "
-              "| sort -u | xargs -r sudo kill -9 2>/dev/null || true; "
-              "sudo rm -f /tmp/libtpu_lockfile")
+           ">> ~/dateopt_logs/worker-$WORKER.log 2>&1")
+# The pid file's group, and only while its leader is still the trainer's shell.
+PID = "pid=$(cat ~/dateopt_logs/dateopt-train.pid 2>/dev/null | tr -cd 0-9); "
+OURS = ('ours() { [ "${pid:-0}" -gt 1 ] && [ "$pid" != "$$" ] && '
+        '[ "$(ps -o pgid= -p "$pid" | tr -d " ")" = "$pid" ] && '
+        'tr "\\0" " " < /proc/$pid/cmdline | grep -q dateopt-train; } 2>/dev/null; ')
+
+
+def end_ours(grace):
+  return ("end_ours() { kill -s TERM -- -$pid; "
+          f"for i in $(seq {grace}); do kill -0 -- -$pid 2>/dev/null || return 0; sleep 1; done; "
+          f"echo \"dateopt-train still runs after {grace} s on $(hostname): SIGKILL to its "
+          "process group $pid\"; kill -s KILL -- -$pid 2>/dev/null || true; }; ")
+
+
+PREPARE = ("mkdir -p ~/dateopt_logs; " + PID + OURS + end_ours(300)
+           + "if ours; then echo \"ending the dateopt-train that dateopt-tpu started before on "
+           "$(hostname) (process group $pid)\"; end_ours; fi; "
+           "rm -f ~/dateopt_logs/dateopt-train.pid; "
+           "for i in $(seq 10); do holders=$(ls /dev/accel* /dev/vfio/* 2>/dev/null "
+           "| xargs -r sudo lsof -t 2>/dev/null | sort -u | paste -sd, -); "
+           "[ -z \"$holders\" ] && break; sleep 1; done; "
+           "if [ -n \"$holders\" ]; then echo \"dateopt-tpu: the TPU of $(hostname) is in use by "
+           "processes that dateopt-tpu did not start:\"; ps -o pid,user,etime,args -p "
+           "\"$holders\"; echo \"dateopt-tpu: not starting dateopt-train; end those processes "
+           "yourself (as their owner), then run start again\"; exit 1; fi; "
+           "sudo rm -f /tmp/libtpu_lockfile")
 LAUNCH = ("set -e; mkdir -p ~/dateopt_logs; rm -f ~/dateopt_logs/stopped; "
-          f"tmux new-session -d -s dateopt {shlex.quote(TRAINER)}")
+          f"setsid nohup bash -c {shlex.quote(TRAINER)} </dev/null >/dev/null 2>&1 "
+          "& echo $! > ~/dateopt_logs/dateopt-train.pid")
+# The same with a packaged config (all a wheel install can send), and no override.
+PACKAGED_JOB = ["--config=imagenet_resnet50_legw", JOB[1]]
+PACKAGED_LAUNCH = LAUNCH.replace("configs/imagenet_resnet50_legw.py", "imagenet_resnet50_legw",
+                                 1).replace(" --config.batch_size=16384", "", 1)
+# What no printed command may hold: a kill of processes that dateopt-tpu did not start.
+FOREIGN_KILLS = ("pkill", "killall", "kill -9", "sudo kill", "xargs -r kill", "tmux kill")
 
 
 def dry_run(*args, check=True):
@@ -152,7 +184,8 @@ def test_unpack_replaces_the_tree_and_keeps_the_venv(tmp_path):
 def test_a_dry_run_packs_nothing(tmp_path):
   tarball = tmp_path / "t.tar.gz"
   runner = tpu_vm.Runner(dry_run=True)
-  tpu_vm.copy(runner, tpu_vm.Target("t", "z"), str(tarball), source_root=tmp_path / "missing")
+  tpu_vm.copy(runner, tpu_vm.Target("t", "z"), str(tarball),
+              package=tpu_vm.Package(tpu_vm.TREE, tmp_path / "missing"))
   assert not tarball.exists()
   with pytest.raises(tpu_vm.TpuVmError, match="not a directory"):
     tpu_vm.write_source_tarball(tmp_path / "missing", str(tarball))
@@ -165,7 +198,7 @@ def test_install_command_makes_a_venv_with_the_tpu_extras():
   [line] = lines("install", *TARGET)
   script = remote_script(line)
   assert line == ssh(script)
-  assert script.startswith("set -e; cd ~/dateopt; ")
+  assert script.startswith("set -e; mkdir -p ~/dateopt; cd ~/dateopt; ")
   assert 'need="$need $PY-venv"' in script  # python3-venv / python3.11-venv when missing
   assert "apt-get install -y -qq $need" in script
   assert "$PY -m venv .venv" in script
@@ -173,13 +206,13 @@ def test_install_command_makes_a_venv_with_the_tpu_extras():
   assert remote_script(lines("install", *TARGET, "--extras=data,tpu")[0]).endswith('".[data,tpu]"')
 
 
-def test_start_kills_the_stale_process_then_launches_in_tmux_with_per_worker_logs():
+def test_start_checks_the_tpu_then_launches_in_the_background_with_a_pid_file():
   assert lines("start", *TARGET, *JOB, "--config.batch_size=16384") == [
-      ssh(KILL_STALE), ssh(LAUNCH)]
+      ssh(PREPARE), ssh(LAUNCH)]
 
 
 def test_trainer_shell_logs_per_worker_with_the_exit_status(tmp_path):
-  """The tmux pane's command, run here with a fake metadata server and a fake trainer."""
+  """The background shell's command, run here with a fake metadata server and trainer."""
   home, bin_dir = tmp_path / "home", tmp_path / "bin"
   (home / "dateopt" / ".venv" / "bin").mkdir(parents=True)
   (home / "dateopt_logs").mkdir()
@@ -203,7 +236,10 @@ def test_trainer_shell_logs_per_worker_with_the_exit_status(tmp_path):
 
 def test_every_remote_script_is_valid_shell():
   job = tpu_vm.TrainJob("configs/x.py", "gs://b/r", ("--config.s='q'",))
-  scripts = [tpu_vm.unpack_script(), tpu_vm.install_script(), tpu_vm.kill_stale_script(),
+  wheel = tpu_vm.Package(tpu_vm.FILE, Path("dist/dateopt-0.1.0-py3-none-any.whl"))
+  release = tpu_vm.Package(tpu_vm.RELEASE, version="0.1.0")
+  scripts = [tpu_vm.unpack_script(), tpu_vm.install_script(), tpu_vm.prepare_script(),
+             tpu_vm.install_script(package=wheel), tpu_vm.install_script(package=release),
              tpu_vm.launch_script(job), tpu_vm.trainer_shell(job), tpu_vm.stop_script(),
              tpu_vm.tail_script(follow=True), tpu_vm.run_status_script()]
   for script in scripts:
@@ -212,29 +248,250 @@ def test_every_remote_script_is_valid_shell():
     assert done.returncode == 0, (script, done.stderr)
 
 
-def test_trainer_pattern_matches_the_trainer_not_the_shells_that_start_it():
-  pattern = re.compile(tpu_vm.TRAINER_PATTERN)
-  job = tpu_vm.TrainJob("configs/x.py", "gs://b/r")
-  trainer = ("/home/u/dateopt/.venv/bin/python3.11 .venv/bin/dateopt-train --config "
-             "configs/x.py --workdir gs://b/r")
-  assert pattern.search(trainer)
-  for script in (tpu_vm.trainer_shell(job), tpu_vm.launch_script(job),
-                 tpu_vm.kill_stale_script(), tpu_vm.stop_script()):
-    for shell in ("bash -c ", "sh -c ", "-bash -c "):
-      assert not pattern.search(shell + script)
-
-
 def test_tail_and_stop_commands():
   assert lines("tail", *TARGET) == [ssh("tail -v -n 100 ~/dateopt_logs/worker-*.log")]
   assert lines("tail", *TARGET, "--worker=2", "--lines=20", "--follow") == [
       ssh("tail -v -n 20 -F ~/dateopt_logs/worker-*.log", worker="2")]
-  match = '"^[^ ]*python[^ ]* [^ ]*dateopt-train"'
+  # Only the pid file's process group, after the check that it is still ours.
   assert lines("stop", *TARGET, "--grace-seconds=60") == [ssh(
-      f"mkdir -p ~/dateopt_logs; touch ~/dateopt_logs/stopped; pkill -TERM -f {match} || true; "
-      f"for i in $(seq 12); do pgrep -f {match} >/dev/null || break; sleep 5; done; "
-      f"if pgrep -f {match} >/dev/null; then echo \"dateopt-train still runs after 60 s on "
-      f"$(hostname): killed\"; pkill -9 -f {match}; fi; "
-      "tmux kill-session -t dateopt 2>/dev/null || true")]
+      "mkdir -p ~/dateopt_logs; touch ~/dateopt_logs/stopped; " + PID + OURS + end_ours(60)
+      + "if ours; then end_ours; else echo \"no dateopt-train started by dateopt-tpu runs on "
+      "$(hostname)\"; fi; rm -f ~/dateopt_logs/dateopt-train.pid")]
+
+
+# ------------------------------------------------------------------ a wheel install, --wheel
+
+
+def wheel_install(tmp_path):
+  """site-packages holding dateopt's launcher as a wheel installs it: no pyproject.toml above."""
+  package = tmp_path / "site-packages" / "dateopt"
+  package.mkdir(parents=True, exist_ok=True)
+  (package / "tpu.py").write_text((REPO / "dateopt" / "tpu.py").read_text())
+  (package / "__init__.py").write_text(f'__version__ = "{dateopt.__version__}"\n')
+  (package / "configs").mkdir(exist_ok=True)
+  (package / "configs" / "imagenet_resnet50_legw.py").write_text("")
+  return package.parent
+
+
+def wheel_dry_run(tmp_path, *args):
+  """`dateopt-tpu --dry-run ARGS` from that install, in a directory outside any clone."""
+  code = "import sys; from dateopt import tpu; sys.exit(tpu.main())"
+  return subprocess.run([sys.executable, "-c", code, "--dry-run", *args], capture_output=True,
+                        text=True, timeout=60, check=False, cwd=tmp_path,
+                        env={**os.environ, "PYTHONPATH": str(wheel_install(tmp_path))})
+
+
+def test_a_wheel_install_runs_with_no_source_installing_this_version(tmp_path):
+  done = wheel_dry_run(tmp_path, "run", *TARGET, *SLICE, *PACKAGED_JOB)
+  assert done.returncode == 0, done.stderr
+  out = done.stdout.splitlines()
+  assert [line.split(" --")[0] for line in out] == [
+      "gcloud compute tpus tpu-vm describe my-tpu", "gcloud compute tpus tpu-vm create my-tpu",
+      *[SSH.split(" --")[0]] * 3]  # nothing to copy: install, prepare, launch
+  pinned = f'"dateopt[train,data,gcp,tpu]=={dateopt.__version__}"'
+  assert remote_script(out[2]).endswith(f".venv/bin/python -m pip install -q {pinned}")
+  assert remote_script(out[3]) == PREPARE
+  assert remote_script(out[4]) == PACKAGED_LAUNCH
+  assert "echo $! > ~/dateopt_logs/dateopt-train.pid" in out[4]
+  assert not [kill for kill in FOREIGN_KILLS if kill in done.stdout]
+  assert f"install dateopt=={dateopt.__version__} from PyPI" in done.stderr
+
+
+def test_a_wheel_install_refuses_what_it_cannot_send(tmp_path):
+  done = wheel_dry_run(tmp_path, "run", *TARGET, *SLICE, "--config=configs/mine.py", JOB[1])
+  assert done.returncode == 2 and done.stdout == ""
+  assert "not a packaged config (imagenet_resnet50_legw)" in done.stderr
+  assert "--source" in done.stderr
+  done = wheel_dry_run(tmp_path, "copy", *TARGET)
+  assert done.returncode == 2 and "nothing to copy" in done.stderr
+
+
+def test_no_source_tree_in_process_gives_the_same_commands(monkeypatch, capsys):
+  monkeypatch.setattr(tpu_vm, "source_tree", lambda: None)
+  assert tpu_vm.main(["--dry-run", "run", *TARGET, *SLICE, "--spot", *PACKAGED_JOB,
+                      "--watch"]) == 0
+  out = capsys.readouterr().out
+  assert out.count(f'"dateopt[train,data,gcp,tpu]=={dateopt.__version__}"') == 2  # + relaunch
+  assert " scp " not in out and not [kill for kill in FOREIGN_KILLS if kill in out]
+
+
+def test_wheel_option_copies_and_installs_that_file(tmp_path):
+  wheel = tmp_path / "dist" / "dateopt-0.1.0-py3-none-any.whl"
+  wheel.parent.mkdir()
+  wheel.write_bytes(b"")
+  out = lines("run", *TARGET, *SLICE, *PACKAGED_JOB, f"--wheel={wheel}")[2:]
+  assert out[0] == (f"gcloud compute tpus tpu-vm scp {wheel} "
+                    f"my-tpu:dateopt-0.1.0-py3-none-any.whl {WHERE} --worker=all")
+  assert remote_script(out[1]).endswith(
+      ".venv/bin/python -m pip uninstall -q -y dateopt 2>/dev/null || true; "
+      '.venv/bin/python -m pip install -q "dateopt[train,data,gcp,tpu] @ '
+      'file://$HOME/dateopt-0.1.0-py3-none-any.whl"')
+  assert out[2:] == [ssh(PREPARE), ssh(PACKAGED_LAUNCH)]
+  assert lines("copy", *TARGET, f"--wheel={wheel}") == [out[0]]
+  assert lines("install", *TARGET, f"--wheel={wheel}") == [out[1]]
+
+
+def test_no_dry_run_prints_a_kill_of_processes_it_did_not_start():
+  commands = [("start", *TARGET, *JOB), ("stop", *TARGET), ("run", *TARGET, *SLICE, *JOB),
+              ("run", *TARGET, *SLICE, "--spot", *JOB, "--watch")]
+  for args in commands:
+    out = "\n".join(lines(*args))
+    assert not [kill for kill in FOREIGN_KILLS if kill in out], args
+    # Every signal goes to the pid file's group: TERM, a liveness probe, KILL.
+    assert set(re.findall(r"\bkill [^;]*", out)) <= {
+        "kill -s TERM -- -$pid", "kill -0 -- -$pid 2>/dev/null || return 0",
+        "kill -s KILL -- -$pid 2>/dev/null || true"}, args
+
+
+# ------------------------------------------------------------------ start and stop, run here
+
+
+@pytest.fixture
+def worker(tmp_path):
+  """A worker's home with a fake metadata server and a fake trainer (bash runs the scripts).
+
+  The trainer saves and exits 143 on SIGTERM, as dateopt-train does; `stubborn`
+  makes one that ignores it.
+  """
+  home, bin_dir = tmp_path / "home", tmp_path / "bin"
+  trainer = home / "dateopt" / ".venv" / "bin" / "dateopt-train"
+  trainer.parent.mkdir(parents=True)
+  bin_dir.mkdir()
+  # No TPU here, and the real sudo stays out of it: `sudo lsof -t` finds no holder.
+  for name, body in {"curl": "echo 0", "sudo": "exit 0"}.items():
+    (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  env = {**os.environ, "HOME": str(home), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+  started = []
+
+  def write_trainer(on_term='exit 143'):
+    trainer.write_text(f'#!/bin/sh\ntrap "{on_term}" TERM\nsleep 300 &\nwait\nwait\n')
+    trainer.chmod(0o755)
+
+  def run(script):
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+  def other(*argv, leader=False):
+    """A process of someone else's, whose pid the test may plant in the pid file."""
+    process = subprocess.Popen(argv, process_group=0 if leader else None)
+    started.append(process)
+    return process
+
+  write_trainer()
+  yield types.SimpleNamespace(bin=bin_dir, run=run, other=other, write_trainer=write_trainer,
+                              pid_file=home / "dateopt_logs" / "dateopt-train.pid",
+                              log=home / "dateopt_logs" / "worker-0.log")
+  for process in started:
+    process.kill()
+    process.wait()
+
+
+def alive(pid):
+  """Running (a zombie has ended: only its exit status waits for its parent)."""
+  try:
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return False
+  return state != "Z"
+
+
+def group_alive(pgid):
+  """Whether any process of the group `pgid` runs."""
+  return any(_pgid(p) == pgid and alive(int(p.name))
+             for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+def _pgid(proc):
+  try:
+    return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+  except (OSError, IndexError):  # it ended meanwhile
+    return None
+
+
+def wait_until(condition, seconds=20):
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if condition():
+      return True
+    time.sleep(0.1)
+  return condition()
+
+
+def launch(worker):
+  """Runs the start's launch script; returns the pid file's pid once the trainer sleeps."""
+  done = worker.run(tpu_vm.launch_script(tpu_vm.TrainJob("configs/x.py", "gs://b/r")))
+  assert done.returncode == 0, done.stderr
+  pid = int(worker.pid_file.read_text())
+  assert wait_until(lambda: any(_pgid(p) == pid and b"sleep" in (p / "cmdline").read_bytes()
+                                for p in Path("/proc").iterdir() if p.name.isdigit()))
+  return pid
+
+
+def test_stop_ends_the_group_start_began_and_nothing_else(worker):
+  bystander = worker.other("sleep", "300")
+  # Its command line names dateopt-train too: a pattern match would have killed it.
+  namesake = worker.other("bash", "-c", "sleep 300; : dateopt-train")
+  pid = launch(worker)
+  assert pid not in (bystander.pid, namesake.pid)
+  assert os.getpgid(pid) == pid  # setsid: the pid file names a process group leader
+  assert worker.run(tpu_vm.run_status_script()).stdout == "running\n"
+  done = worker.run(tpu_vm.stop_script(grace_seconds=20))
+  assert done.returncode == 0, done.stderr
+  assert not group_alive(pid)
+  assert worker.log.read_text().splitlines()[-1] == "== dateopt-train exited with status 143"
+  assert bystander.poll() is None and namesake.poll() is None
+  assert not worker.pid_file.exists()
+  assert worker.run(tpu_vm.run_status_script()).stdout == "stopped\n"
+
+
+def test_stop_kills_the_group_after_the_grace(worker):
+  worker.write_trainer(on_term="")  # ignores SIGTERM, and so does its child
+  bystander = worker.other("sleep", "300")
+  pid = launch(worker)
+  done = worker.run(tpu_vm.stop_script(grace_seconds=2))
+  assert f"SIGKILL to its process group {pid}" in done.stdout
+  assert wait_until(lambda: not group_alive(pid))
+  assert bystander.poll() is None
+
+
+@pytest.mark.parametrize("leader, cmdline", [
+    (True, ["sleep", "300"]),  # a group leader, but not the trainer's shell: a reused pid
+    (False, ["bash", "-c", "sleep 300; : dateopt-train"]),  # the name, but no group of its own
+])
+def test_stop_leaves_a_pid_that_is_no_longer_ours_alone(worker, leader, cmdline):
+  other = worker.other(*cmdline, leader=leader)
+  wait_until(lambda: "sleep" in Path(f"/proc/{other.pid}/cmdline").read_text())
+  worker.pid_file.parent.mkdir(parents=True)
+  worker.pid_file.write_text(f"{other.pid}\n")
+  done = worker.run(tpu_vm.stop_script(grace_seconds=2))
+  assert done.returncode == 0
+  assert "no dateopt-train started by dateopt-tpu runs" in done.stdout
+  assert other.poll() is None
+
+
+def test_start_ends_its_earlier_run_then_starts_again(worker):
+  first = launch(worker)
+  done = worker.run(tpu_vm.prepare_script(grace_seconds=20))
+  assert done.returncode == 0, done.stdout + done.stderr
+  assert f"(process group {first})" in done.stdout and not group_alive(first)
+  assert launch(worker) != first
+
+
+def test_start_refuses_a_busy_tpu_and_leaves_its_holder_alone(worker):
+  holder = worker.other("sleep", "300", leader=True)
+  # This machine has no TPU: ls names one, and `sudo lsof -t` answers the holder's pid.
+  fakes = {"ls": "echo /dev/accel0", "sudo": f'[ "$1" = lsof ] && echo {holder.pid}',
+           "sleep": "true"}  # the wait for a device to be let go, without the wait
+  for name, body in fakes.items():
+    (worker.bin / name).write_text(f"#!/bin/sh\n{body}\n")
+    (worker.bin / name).chmod(0o755)
+  done = worker.run(tpu_vm.prepare_script())
+  assert done.returncode == 1
+  assert "is in use by processes that dateopt-tpu did not start" in done.stdout
+  assert re.search(rf"^\s*{holder.pid} .*sleep 300$", done.stdout, re.M), done.stdout
+  assert "end those processes yourself" in done.stdout
+  assert holder.poll() is None
 
 
 # ------------------------------------------------------------------ run, watch
@@ -250,7 +507,7 @@ def test_run_creates_copies_installs_and_starts_in_order():
       f"gcloud compute tpus tpu-vm scp {tarball} my-tpu:dateopt-src.tar.gz {WHERE} --worker=all"]
   assert out[3] == ssh(tpu_vm.unpack_script())
   assert out[4] == ssh(tpu_vm.install_script())
-  assert out[5:] == [ssh(KILL_STALE), ssh(LAUNCH)]
+  assert out[5:] == [ssh(PREPARE), ssh(LAUNCH)]
 
 
 def test_run_watch_dry_run_shows_one_relaunch_with_the_same_workdir():
@@ -260,7 +517,7 @@ def test_run_watch_dry_run_shows_one_relaunch_with_the_same_workdir():
   describe = f"{queued} describe my-tpu {WHERE} '--format=value(state.state)'"
   create = (f"{queued} create my-tpu {WHERE} --node-id=my-tpu --accelerator-type=v4-32 "
             "--runtime-version=tpu-ubuntu2204-base --spot")
-  launch = [ssh(KILL_STALE), ssh(LAUNCH)]
+  launch = [ssh(PREPARE), ssh(LAUNCH)]
   copy_install = out[3:6]
   assert out[:3] == [describe, create, describe]
   assert out[6:8] == launch
@@ -331,8 +588,8 @@ def test_watch_restarts_a_terminated_trainer_on_the_same_vm_and_stops_on_a_crash
                               "Traceback ...\n== dateopt-train exited with status 2"])
   with pytest.raises(tpu_vm.TpuVmError, match="failed with status 2"):
     _watch(fake)
-  starts = [c for c in fake.commands if "tmux new-session" in c or "kill-session" in c]
-  assert len(starts) == 2 and not any(" delete " in c for c in fake.commands)
+  starts = [c for c in fake.commands if "setsid nohup" in c]
+  assert len(starts) == 1 and not any(" delete " in c for c in fake.commands)
 
 
 def test_a_relaunch_tries_again_when_the_new_vm_does_not_answer_yet():
@@ -347,7 +604,7 @@ def test_a_relaunch_tries_again_when_the_new_vm_does_not_answer_yet():
   reason, sleeps, *_ = _watch(flaky)
   assert reason == "dateopt-train finished (status 0)"
   assert sum(" scp " in c for c in fake.commands) == 2
-  assert sum("tmux new-session" in c for c in fake.commands) == 1
+  assert sum("setsid nohup" in c for c in fake.commands) == 1
   assert sleeps == [60, 60]  # the retry's wait, then the poll
 
 
@@ -439,6 +696,11 @@ def test_a_failing_gcloud_command_is_one_error_line():
     (["run", "my-tpu", "--zone=z", *SLICE, *JOB, "--batch_size=8"], "--config.field=value"),
     (["tail", "my-tpu", "--zone=z", "--worker=first"], "worker index or all"),
     (["install", "my-tpu", "--zone=z", "--extras=data]; rm -rf ~"], "comma-separated"),
+    (["install", "my-tpu", "--zone=z", "--wheel=dist/other-1.0-py3-none-any.whl"],
+     "not a dateopt wheel or sdist"),
+    (["install", "my-tpu", "--zone=z", "--wheel=dist/dateopt-9.9-py3-none-any.whl"],
+     "no such file"),
+    (["copy", "my-tpu", "--zone=z", "--source=.", "--wheel=dateopt-1.tar.gz"], "not both"),
 ])
 def test_clear_errors(args, message):
   done = dry_run(*args, check=False)

@@ -342,20 +342,6 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
              <= r["train/step_seconds"] for r in timed)
 
 
-def test_the_progress_bar_of_an_adaptive_run_counts_baseline_steps(capsys):
-  import numpy as np
-  from dateopt.train.metrics import ProgressBar
-  bar = ProgressBar(np.float32(120.0), np.float32(0.5), unit="baseline step")
-  seen = []
-  for value in (30.7, 20.0, 500.0):  # NumPy scalars, as the step gives them
-    bar.advance_to(np.float32(value), loss=np.float32(0.5))
-    seen.append(bar._bar.n)  # pylint: disable=protected-access
-  bar.close()
-  assert seen == [30, 30, 120]  # whole baseline steps, never back, never past the end
-  shown = capsys.readouterr().err
-  assert "120/120" in shown and "baseline step" in shown and "loss=0.5" in shown
-
-
 def test_an_adaptive_run_writes_nothing_past_its_end(tmp_path):
   """Evals and saves between log steps read the end too: no row or checkpoint after it."""
   config = tiny_config.get_config()

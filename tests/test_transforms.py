@@ -401,3 +401,14 @@ def test_wrong_types_and_non_finite_hyper_parameters_are_refused_at_construction
   with pytest.raises(TypeError, match="weight_decay"):
     dateopt.lamb(1e-3, weight_decay="0.01")
   dateopt.lars(optax.constant_schedule(0.1))  # a schedule is not checked here
+
+
+@pytest.mark.parametrize("module", ["dateopt.transforms", "dateopt.schedules", "dateopt.masks",
+                                    "dateopt.epochs", "dateopt.date.divergence",
+                                    "dateopt.date.guard", "dateopt.metrics_io",
+                                    "dateopt.models.transformer"])
+def test_docstring_examples_of_the_optax_level_modules(module):
+  import doctest  # pylint: disable=import-outside-toplevel
+  import importlib  # pylint: disable=import-outside-toplevel
+  result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+  assert result.attempted > 0 and result.failed == 0

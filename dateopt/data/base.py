@@ -293,12 +293,13 @@ class _ExampleChunk:
 
 def _shared_array(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
   """An array in shared memory, which grain hands to the main process without a copy."""
-  try:  # grain's own class (not exported): its workers send it as a name, not as bytes
-    # pylint: disable-next=g-import-not-at-top
-    from grain._src.python.ipc.shared_memory_array import SharedMemoryArray
-  except ImportError:  # a grain without it copies a plain array into shared memory
+  # grain's public class: its workers send it as a name, not as bytes. A grain without it
+  # still works (it copies a plain array into shared memory); tests/test_data_pipeline.py
+  # fails loudly if a grain release drops it.
+  shared = getattr(extras.require("grain.python", extra="data"), "SharedMemoryArray", None)
+  if shared is None:
     return np.empty(shape, dtype)
-  return SharedMemoryArray(shape, dtype)
+  return shared(shape, dtype)
 
 
 def _concatenate(chunks: list[Batch]) -> Batch:

@@ -24,6 +24,7 @@ _BUILDERS: dict[str, Callable[..., Dataset]] = {
     "tfds_text": build_tfds_text,
     "fake_images": build_fake_images,
 }
+#: The names `get_dataset` knows.
 DATASET_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 

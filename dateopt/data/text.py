@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence

@@ -4,7 +4,7 @@ Why the engine needs its own watch: once a model diverges, its gradients look
 like noise, the measured noise scale soars, AdaScale's gain goes to k, and
 the progress races to the baseline's total: the run "finishes" with a broken
 model (three of the scaling study's first-pass LSTM runs, and a 1000x-LR run,
-notes/divergence.md). The divergence guard cannot see it: the loss rises over
+scripts/divergence_evidence.py). The divergence guard cannot see it: the loss rises over
 tens of steps, not as a spike, and at chance level it stops rising at all.
 
 The watch reads the step's loss (`value=`, as `divergence_guard` does). It
@@ -22,13 +22,13 @@ and does not grow the batch. A growing batch also waits until the run
 `has_learnt`, and climbs only while `fast` is within `CLIMB_SHARE` of its
 gains above `best` (`may_grow_batch`).
 
-A step is diverged when, `FIRST_LOSSES` losses in, one of these holds:
+A step is diverged when, `FIRST_LOSSES` losses in, one of these holds::
 
   relapse      the run had learnt and has climbed back half the way:
                ema − best ≥ RELAPSE · (start − best)
   blow-up      ema ≥ BLOW_UP · start
   no learning  the progress covers STALL_PROGRESS of the baseline's steps,
-               `STALL_STEPS` losses are in, and the loss never fell below
+               STALL_STEPS losses are in, and the loss never fell below
                STALL_DROP · start
 
 A diverged run is healthy again once its loss has fallen below STALL_DROP ·
@@ -52,8 +52,8 @@ as it does a step whose gradient or update is not finite, and a run whose
 gradients keep exploding is stopped by the same patience: its skipped steps
 never move its loss, so it could neither diverge by the loss rules nor end
 (the main job at 1000x its LR skipped 7,524 of 7,563 steps and "finished" at
-10%, notes/divergence.md). None of these fired as
-a divergence on any healthy run the project has (notes/divergence.md); where
+10%, scripts/divergence_evidence.py). None of these fired as
+a divergence on any healthy run the project has (scripts/divergence_evidence.py); where
 nothing fires, the engine's arithmetic is that of an engine without the
 watch, bit for bit.
 """
@@ -97,7 +97,7 @@ FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise E
 # (100x in norm) is an explosion, not noise: Adam would keep it in its second moment for
 # thousands of steps (the main job, its gradient x1000 at step 50: 74.5%, notes/divergence.md).
 GRADIENT_JUMP = 1e4
-DIVERGENCE_PATIENCE = 100  # diverged steps in all before the engine gives up
+DIVERGENCE_PATIENCE = 100  #: diverged steps in all before the engine gives up
 
 
 class DivergenceWatchState(NamedTuple):
@@ -295,7 +295,7 @@ def has_learnt(state: DivergenceWatchState) -> jax.Array:
   """Whether the run's smoothed loss has fallen to `LEARNT` × its start (`FIRST_LOSSES` in).
 
   `adaptive` grows the batch only then: a climb on an LSTM's chance plateau
-  raised the LR to where the run blew up or raced (notes/batch_growth.md).
+  raised the LR to where the run blew up or raced (docs/results/growth_study.md).
 
     >>> watch = init_watch()
     >>> for loss in [2.3] * 10 + [1.5] * 40:

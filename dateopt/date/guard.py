@@ -38,7 +38,8 @@ from dateopt.validation import check_range, check_scalar
 # Replayed through this guard, none of those runs backs off once.
 _DEFAULT_SPIKE_THRESHOLD = 20.0
 _DEFAULT_SPIKE_MIN_EXCESS = 0.5
-# The LR multiplier's floor: ten back-offs of 0.5 reach it (0.5**10 < 1e-3).
+#: The floor of the divergence guard's LR multiplier: ten back-offs of 0.5 reach it (0.5**10 <
+#: 1e-3).
 DEFAULT_MIN_MULTIPLIER = 1e-3
 
 

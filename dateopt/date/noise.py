@@ -3,7 +3,7 @@
 McCandlish et al. 2018 ("An Empirical Model of Large-Batch Training"): with
 |G_s|² the squared norm of a gradient over B_small examples and |G_b|² that
 over B_big examples, E|G_B|² = |G|² + tr(Σ)/B (Σ: per-example gradient
-covariance), so
+covariance), so::
 
     |G|²   ≈ (B_big·|G_b|² − B_small·|G_s|²) / (B_big − B_small)
     tr(Σ)  ≈ (|G_s|² − |G_b|²) / (1/B_small − 1/B_big)
@@ -112,7 +112,8 @@ def cross_replica_sq_norms(
   per-replica squared norm costs one extra scalar `pmean` next to the gradient
   all-reduce. Under `shard_map` with `check_vma=True`, gradients with respect
   to replicated params come back already summed; take them with respect to
-  `jax.lax.pcast(params, axis_name, to="varying")` to get per-replica ones.
+  `jax.lax.pcast(params, axis_name, to="varying")` (`jax.lax.pvary` in
+  jax 0.8) to get per-replica ones.
 
   Args:
     local_grads: this replica's gradient (mean over its `local_batch_size`
@@ -324,6 +325,9 @@ def _ema_bias(decay, count):
 # tenfold in training, and the noise EMAs' 100-step horizon spans 1,400 baseline steps of
 # progress at a gain of 14: B_noise read low and a grown run paid for it. At 0.95 a fixed 64x
 # LSTM's readings and gain ran away; 0.98 and 0.97 held (notes/batch_growth.md).
+#: The decay per measurement of the |G|² EMA in DATE's engine (`update_noise_scale`'s
+#: `signal_decay`): a 33-step horizon, shorter than that of the tr Σ EMA, since |G|² falls
+#: tenfold over training.
 SIGNAL_DECAY = 0.97
 
 # A reading may lie at most this many times its expected size from 0 once the EMAs hold
@@ -341,7 +345,7 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
   norms, each about |G|² + tr Σ/b) to ±`clip` × the expected |G_B|² = |G|² +
   tr Σ/B. A loss spike's readings (tr Σ a hundred times its average on the
   study LSTM) then move the EMAs a few percent a step instead of tripling the
-  noise scale, and with it the gain, in 20 steps (notes/batch_growth.md); a
+  noise scale, and with it the gain, in 20 steps (docs/results/growth_study.md); a
   noise scale that grows tenfold over a thousand steps is followed as before.
   Before `CLIP_AFTER` measurements nothing is clipped.
 
@@ -372,7 +376,7 @@ def update_noise_scale(
   `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
   falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
   moving value by about its horizon: at a gain of 14, a 100-step horizon spans
-  1,400 baseline steps, and B_noise reads low (notes/batch_growth.md). The
+  1,400 baseline steps, and B_noise reads low (docs/results/growth_study.md). The
   state keeps its format: `grad_sq_ema` holds the faster EMA
   rescaled to the bias of `decay`'s, so `noise_scale`, `gain_from_estimates` and
   `corrected_estimates` read it as before.

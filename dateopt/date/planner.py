@@ -21,6 +21,7 @@ from dateopt.date.recipe import (
 )
 from dateopt.validation import check_choice, check_range, check_type
 
+#: The strategies `plan` knows (see its docstring).
 STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
 
 # The LR rule each strategy applies to the peak (and the whole LR curve).
@@ -29,9 +30,9 @@ _LR_RULES = {"legw": "sqrt", "linear": "linear", "sqrt": "sqrt", "none": "none"}
 # Families promoted to a layer-wise adaptive one above the promotion threshold.
 _PROMOTIONS = {"momentum": "lars", "nesterov": "lars", "adam": "lamb", "adamw": "lamb"}
 
-# A trust ratio changes what the LR means (a relative per-layer step), so a
-# promoted recipe takes its peak LR from a published recipe of the new family,
-# (batch size, peak LR), scaled to the target batch by the strategy's rule.
+#: A promoted recipe's peak LR comes from a published recipe of the new family, (batch size,
+#: peak LR) by family, scaled to the target batch by the strategy's rule: a trust ratio
+#: changes what the LR means (a relative per-layer step).
 DEFAULT_PROMOTION_ANCHORS = {
     # LEGW ResNet-50/ImageNet with LARS (docs/papers.md §3): 2^2.5 at batch 1K.
     "lars": (1024, 2 ** 2.5),
@@ -39,6 +40,8 @@ DEFAULT_PROMOTION_ANCHORS = {
     "lamb": (65536, 6e-3),
 }
 
+#: The batch size above which `plan` promotes momentum-SGD to LARS and Adam(W) to LAMB (by
+#: default for the "legw" strategy only).
 DEFAULT_PROMOTE_ABOVE = 8192
 
 

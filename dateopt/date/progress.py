@@ -4,7 +4,7 @@ A tuned baseline (batch B0) has a learning-rate schedule lr0(τ) over T0 of its
 own steps. At batch B = k·B0 one step is worth r_t baseline steps, with r_t
 AdaScale's gain (Johnson et al. 2020, "AdaScale SGD: A User-Friendly Algorithm
 for Distributed Training"), computed every step from the gradient noise scale
-measured online (McCandlish et al. 2018, `dateopt.date.noise`):
+measured online (McCandlish et al. 2018, `dateopt.date.noise`)::
 
     r_t   = (tr Σ/B0 + |G|²) / (tr Σ/B + |G|²)        ∈ [1, k]
     lr_t  = ramp_t · r_t^p · lr0(max(τ_t, W))          p = 1 ("linear") or ½ ("sqrt")
@@ -25,7 +25,7 @@ measured noise scale grows, the way Smith et al. (ICLR 2018, "Don't decay the
 learning rate, increase the batch size") and McCandlish et al. (2018, the
 critical batch grows in training) suggest, and Pollux (Qiao et al., OSDI
 2021) does with AdaScale's gain. Every `growth_interval` steps after the
-warmup, the engine moves from rung B to the next rung B' when
+warmup, the engine moves from rung B to the next rung B' when::
 
     B · B' ≤ step_price · B_max · B_noise
 
@@ -34,7 +34,7 @@ and takes the rung that makes the run cheapest: a baseline step of progress
 costs (B + λ)/r(B) ∝ B + λ + B_noise + λ·B_noise/B at batch B, smaller at B'
 exactly when B·B' ≤ λ·B_noise; its continuous optimum is McCandlish's
 B* = √(λ·B_noise). The batch follows the square root of the noise scale, not
-the noise scale itself (notes/batch_growth.md has the evidence). Below the
+the noise scale itself (docs/results/growth_study.md has the evidence). Below the
 top rung the gain and the climb read B_noise × (B_max/B)^α (`credited_noise`,
 α = `noise_batch_exponent`, 0.2): at equal progress a smaller batch's hotter
 run reads less noise than the largest batch will (the study ResNet: 1.1-1.25×
@@ -66,7 +66,7 @@ its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
 after the loss has stopped rising). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
 at any batch (a fixed 16x study LSTM that took them ended 0.99 points below its
-baseline, held 0.14; notes/batch_growth.md). A hold
+baseline, held 0.14; docs/results/growth_study.md). A hold
 leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
 may recover to but not pass, and a growing batch does not climb, until the loss
 sets a new best. Each noise reading is winsorized against the EMAs
@@ -155,13 +155,18 @@ class AdaptiveState(NamedTuple):
 # The gain's largest rise per step, relative. Healthy runs' measured gain moves far slower
 # once its EMAs have a few measurements (notes/divergence.md); a diverged run's soars. (5% was
 # tried: it cost a healthy fixed-8x LSTM 1.5 points, notes/batch_growth.md.)
+#: The largest relative rise of the gain in one step; a healthy run's gain moves far slower
+#: once its EMAs have a few measurements, a diverging run's soars.
 GAIN_RISE = 0.25
 # The first measurements set the gain as measured: the EMAs are still settling (the main
 # job's gain rises 12% a step at its 3rd), and the LEGW ramp keeps those steps' credit small.
+#: The first measurements, this many, set the gain as measured (the EMAs are still settling,
+#: and the LEGW ramp keeps those steps' credit small); after them it rises at most `GAIN_RISE`
+#: a step.
 GAIN_SETTLE = 10
 
-# Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon)
-# get a few measurements at the new batch before the next decision.
+#: Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon) get a
+#: few measurements at the new batch before the next decision.
 GROWTH_INTERVAL = 20
 
 # Before the run has learnt, a growing batch may climb to this many times its first rung, from
@@ -174,6 +179,8 @@ GROWTH_INTERVAL = 20
 # √k, up to 8, there. The largest rung is never an early one: it is earned by the growth rule
 # on a run that has learnt (a ladder whose early climb ended on it was a fixed batch from step
 # 60, and cost the study LSTM at 8x 0.10x the baseline's examples).
+#: Before the run has learnt, a growing batch climbs to at most this many times its first
+#: rung, with the gain held to √(B/B0); the largest rung is never reached this way.
 EARLY_RUNGS = 16
 
 
@@ -240,7 +247,7 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   tr Σ × (B_max/B)^α, so B_noise × (B_max/B)^α: at equal progress a smaller
   batch's run is hotter, its |G|² larger, and it reads less noise than the
   largest rung will (the study ResNet: 1.1-1.25× per doubling, α = 0.2 ≈
-  log2 1.15; notes/batch_growth.md). The top rung, and
+  log2 1.15; docs/results/growth_study.md). The top rung, and
   with it a fixed batch, reads as measured; α = 0 turns the credit off.
 
   Example:
@@ -297,7 +304,7 @@ def _no_rise_off_best(gain, previous, watch, learnt):
 
   After a bump the readings stay high for a while once the loss has stopped
   rising; a gain that followed them raced a fixed 64x study LSTM (seed 1) to
-  its end 1.49 points below its baseline, held it ended 0.61 below (notes/batch_growth.md).
+  its end 1.49 points below its baseline, held it ended 0.61 below (docs/results/growth_study.md).
   """
   off_best = learnt & ~may_grow_batch(watch)
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
@@ -314,7 +321,7 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
   After a bump the readings keep rising while the loss does not come back: on
   one host the study LSTM's 64x grown seed 1 followed them from gain 10 to 35
   and ended 1.95 points below its baseline; with the ceiling, 0.36 below
-  (notes/batch_growth.md).
+  (docs/results/growth_study.md).
 
   Example:
     >>> import jax.numpy as jnp
@@ -419,7 +426,7 @@ def adaptive(
       default 0.99 (a ~100-measurement horizon) is measured: with 0.95 a
       64x Adam run on MNIST-1D read a passing loss bump as pure noise, its gain
       jumped from 18 to 48 and the run diverged; with 0.99 the same seed
-      reached the baseline's accuracy (notes/step4_date_dynamic.md).
+      reached the baseline's accuracy (measured at commit 2ff5ab1).
     signal_decay: the |G|² EMA's own decay per measurement (`update_noise_scale`),
       `SIGNAL_DECAY` (0.97) by default: |G|² falls faster than tr Σ, and at a high gain a
       100-step horizon reads B_noise low; None: `noise_decay` (one horizon).
@@ -665,7 +672,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   credited reading is the largest batch's. On the growth study's baseline
   profiles this predicts every fixed and grown run group at 8x-64x within 0%
   and +16% of the steps it took, where the profile read as measured (α = 0)
-  was 18-92% high (notes/batch_growth.md). A one-rung
+  was 18-92% high (docs/results/growth_study.md). A one-rung
   ladder is a fixed batch. `read_at_batch_size` (default B0) is the batch of the run that
   read `noise_scales`: a profile a run at B_max logged is read as it is. The
   play-out assumes the loss falls from the first step: a plateau before the

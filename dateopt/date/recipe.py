@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from dateopt import extras, masks, schedules
 from dateopt.validation import check_choice, check_range, check_type
 
+#: The optimizer families a `Recipe` can name.
 OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "adamw", "lars", "lamb")
 MOMENTUM_OPTIMIZERS = ("momentum", "nesterov", "lars")
 
@@ -29,10 +30,13 @@ _DECAY_FIELDS = {
     "multistep": ("decay_epochs", "decay_rate"),
     "constant": (),
 }
+#: How an adaptive run scales its LR by the gain r: "linear" (×r) or "sqrt" (×√r).
 GAIN_RULES = ("linear", "sqrt")
 # DATE's growing batch: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise, a step
 # priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
 # workloads and the main job, one value for every workload (notes/batch_growth.md).
+#: The default price of a step in the growth rule, in examples of the largest batch: climb
+#: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise.
 STEP_PRICE = 1.0
 # DATE's growing batch reads the noise scale of rung B credited to the largest rung's,
 # × (B_max/B)^NOISE_BATCH_EXPONENT, for its gain and its climb. At equal progress the study
@@ -40,12 +44,17 @@ STEP_PRICE = 1.0
 # batch's hotter run sits where |G|² is larger); 0.2 = log2(1.15). It took the grown ResNet at
 # 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and moved the LSTMs',
 # whose readings show little trend, by at most 4% (notes/batch_growth.md).
+#: The default α of the growing batch's credit: rung B's noise readings count × (B_max/B)^α
+#: for its gain and its climb (`credited_noise`).
 NOISE_BATCH_EXPONENT = 0.2
 # What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
 # gradient times its trust ratio; notes/batch_growth.md).
 # "auto": the step LARS takes where DATE can measure it (`Recipe.measured_noise_of`).
 # "adam_step": the gradient in Adam's metric, 1/(√v̂ + ε) per coordinate (opt-in;
 # notes/batch_growth.md).
+#: What DATE can measure the noise scale of: "gradient", "lars_step" (each leaf's gradient
+#: times its LARS trust ratio), "adam_step" (the gradient in Adam's metric) or "auto"
+#: (`Recipe.measured_noise_of`).
 NOISE_OF = ("auto", "gradient", "lars_step", "adam_step")
 ADAM_STEP_OPTIMIZERS = ("adam", "adamw")
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
@@ -283,7 +292,7 @@ class Recipe:
 
     "auto" is the optimizer's own step where DATE can measure it: "lars_step"
     for plain LARS (on the study's ResNet it made fixed-batch DATE take 2–18%
-    fewer steps at 2x–64x, at the baseline's accuracy; notes/batch_growth.md),
+    fewer steps at 2x–64x, at the baseline's accuracy; docs/results/growth_study.md),
     "gradient" for every other optimizer, LARC's clipped trust ratios and a
     clipped gradient.
 

@@ -67,6 +67,7 @@ _BUILDERS: dict[str, Callable[..., nn.Module]] = {
     "lstm_lm": make_lstm_lm,
     "transformer_lm": make_transformer_lm,
 }
+#: The names `create_model` builds.
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)
 
 _COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -15,11 +15,11 @@ import jax.numpy as jnp
 
 from dateopt.validation import check_choice, check_range, check_type
 
-# Zaremba et al. 2014, "Recurrent Neural Network Regularization", Sec. 4.1: two
-# layers; small 200 units unrolled 20 steps, no dropout, init U(-0.1, 0.1);
-# medium 650 units, 35 steps, dropout 0.5, U(-0.05, 0.05); large 1500 units,
-# 35 steps, dropout 0.65, U(-0.04, 0.04). `seq_len` is the unrolled length: a
-# data setting (pass it to `get_dataset("ptb", seq_len=...)`), not a model field.
+#: Zaremba et al. 2014, "Recurrent Neural Network Regularization", Sec. 4.1: two layers; small
+#: 200 units unrolled 20 steps, no dropout, init U(-0.1, 0.1); medium 650 units, 35 steps,
+#: dropout 0.5, U(-0.05, 0.05); large 1500 units, 35 steps, dropout 0.65, U(-0.04, 0.04).
+#: `seq_len` is the unrolled length: a data setting (pass it to `get_dataset("ptb",
+#: seq_len=...)`), not a model field.
 PTB_PRESETS: dict[str, dict[str, Any]] = {
     "ptb_small": dict(num_layers=2, hidden_size=200, dropout=0.0, init_scale=0.1, seq_len=20),
     "ptb_medium": dict(num_layers=2, hidden_size=650, dropout=0.5, init_scale=0.05, seq_len=35),

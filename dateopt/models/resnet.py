@@ -29,7 +29,9 @@ _CONV_INIT = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 # Goyal et al. 2017, Sec. 5.1: the fc layer starts from a Gaussian with std 0.01.
 _HEAD_INIT = nn.initializers.normal(stddev=0.01)
 
+#: The batch-norm statistics' momentum of the reference ResNets.
 BN_MOMENTUM = 0.9
+#: The batch-norm epsilon of the reference ResNets.
 BN_EPSILON = 1e-5
 
 
@@ -281,7 +283,7 @@ class ResNet(nn.Module):
     return jnp.asarray(x, jnp.float32)
 
 
-# The architecture of each named ResNet; `make_resnet` fills in the remaining fields.
+#: The architecture of each named ResNet; `make_resnet` fills in the remaining fields.
 RESNET_CONFIGS: dict[str, dict[str, Any]] = {
     "resnet18": dict(stage_sizes=(2, 2, 2, 2), block="basic"),
     "resnet34": dict(stage_sizes=(3, 4, 6, 3), block="basic"),

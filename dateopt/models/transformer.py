@@ -45,7 +45,8 @@ NORM_EPSILON = 1e-5
 INIT_STD = 0.02
 ROTARY_BASE = 10_000.0  # Su et al. 2021, Eq. 15
 
-# Every preset gives every field but the vocabulary, which comes from the dataset.
+#: The Transformer presets; each gives every field but the vocabulary, which comes from the
+#: dataset.
 TRANSFORMER_PRESETS: dict[str, dict[str, Any]] = {
     # For tests: compiles in about a second on a CPU.
     "tiny": dict(num_layers=2, num_heads=2, embed_dim=32, mlp_dim=64, max_len=64,

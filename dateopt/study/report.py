@@ -300,7 +300,7 @@ def profile_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   `metrics.jsonl`.
 
   A grown run measures its own noise scale at its own batches: where its profile sits below
-  the fixed run's, McCandlish's law gives it more steps (notes/batch_growth.md).
+  the fixed run's, McCandlish's law gives it more steps (docs/results/growth_study.md).
   Runs whose workdir is gone (a copy of `cells.jsonl` alone) are left out.
   """
   sections = []
@@ -425,7 +425,7 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
   `metrics.jsonl`), each played out by `date.plan_predicted_budget` for the grown recipe
   and the fixed one (the runs' `recipe.json`), beside what the runs took. The law predicts
   a run from the profile it measures; a bar set on the fixed runs' profile is within a
-  grown run's reach only if the grown run measures that profile (notes/batch_growth.md).
+  grown run's reach only if the grown run measures that profile (docs/results/growth_study.md).
   Runs whose workdir is gone are left out.
   """
   lines = ["| workload | k | profile measured by | its B_noise by quarter | law: grown "

@@ -13,7 +13,7 @@ extras.require_extra("dateopt.train", extra="train", modules=extras.TRAIN_MODULE
 # ruff: noqa: E402
 from dateopt.train.config import default_config
 from dateopt.train.diverged import DivergedError
-from dateopt.train.metrics import read_metrics
+from dateopt.train.metrics import JsonlWriter, MetricWriter, TensorBoardWriter, Writer, read_metrics
 from dateopt.train.nonfinite import NonFiniteError
 from dateopt.train.parallel import initialize_distributed, make_mesh
 from dateopt.train.polish import polish_batch_stats
@@ -32,12 +32,16 @@ from dateopt.train.trainer import TrainResult, train_and_evaluate
 
 __all__ = [
     "Experiment",
+    "JsonlWriter",
+    "MetricWriter",
     "NonFiniteError",
     "DivergedError",
     "Preempted",
     "StartupError",
+    "TensorBoardWriter",
     "TrainResult",
     "TrainState",
+    "Writer",
     "build_experiment",
     "build_optimizer",
     "create_train_state",

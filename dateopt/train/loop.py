@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,8 @@ from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.evaluation import evaluate, make_eval_fn
 from dateopt.train.experiment import Experiment
 from dateopt.train.feed import TrainFeed
-from dateopt.train.metrics import MetricWriter, ProgressBar, StepClock
+from dateopt.train.metrics import MetricWriter, StepClock, Writer
+from dateopt.train.progress_bar import ProgressBar
 from dateopt.train.startup import StartupError, startup
 from dateopt.train.steps import TrainState, create_train_state, train_step
 
@@ -61,7 +62,7 @@ class TrainLoop:
   """One run's state, feed, writer, clocks and watches, advanced by `run_step`."""
 
   def __init__(self, exp: Experiment, tx, workdir: str, *, report: str,
-               cleanup: contextlib.ExitStack):
+               cleanup: contextlib.ExitStack, metric_writers: Sequence[Writer] = ()):
     self.exp, self.cadence = exp, exp.cadence
     lead = jax.process_index() == 0
     self.state, self.checkpointer = self._initial_state(tx, workdir, cleanup)
@@ -70,17 +71,19 @@ class TrainLoop:
       print(f"Resuming from step {self.start_step} (checkpoints in "
             f"{self.checkpointer.directory}).", flush=True)
     self.step_fn, self.eval_fn = _compile_train_step(exp, tx), make_eval_fn(exp)
-    self.writer = MetricWriter(workdir, enabled=lead, start_step=self.start_step)
+    self.writer = MetricWriter(workdir, enabled=lead, start_step=self.start_step,
+                               extra_writers=metric_writers)
     cleanup.callback(self.writer.close)
     if self.start_step == 0:
       self.writer.write_text("recipe", report)
     start_progress = _progress(exp, self.state)
     self.finished_before = _ended(exp, self.start_step, start_progress)  # a rerun: no step
-    self.progress = (ProgressBar(exp.recipe.total_steps, start_progress or 0.0,
-                                 unit="baseline step", enabled=lead and exp.config.progress_bar)
-                     if exp.recipe.adaptive else
-                     ProgressBar(exp.num_train_steps, self.start_step,
-                                 enabled=lead and exp.config.progress_bar))
+    # An adaptive run counts the baseline steps its progress covers, a static one its steps.
+    adaptive = exp.recipe.adaptive
+    self.progress = ProgressBar(
+        exp.recipe.total_steps if adaptive else exp.num_train_steps,
+        initial=start_progress or 0.0, start_step=self.start_step, adaptive=adaptive,
+        max_steps=exp.num_train_steps, enabled=lead and exp.config.progress_bar)
     cleanup.callback(self.progress.close)
     self.clean_data = _final_epochs_due(exp, self.start_step, start_progress)
     self.feed, last_batch = self._open_feed()
@@ -212,13 +215,13 @@ class TrainLoop:
     self.train_metrics = logged
     with self.clock.paused():
       self.writer.write(tick.step, {f"train/{k}": v for k, v in logged.items()})
-      self.progress.update(0, loss=logged["loss"], lr=logged.get("learning_rate", 0.0))
 
   def _advance_progress_bar(self, tick: _Tick) -> None:
-    if not self.exp.recipe.adaptive:
-      self.progress.update(1)
-    elif tick.progress is not None:  # the bar counts the baseline steps covered
-      self.progress.advance_to(tick.progress)
+    """Every step moves the bar (no wait for the device); a logged one adds its readings."""
+    logged = self.train_metrics if tick.logs and not tick.idle else {}
+    self.progress.update(tick.step, progress=tick.progress, batch_size=tick.batch_size,
+                         gain=logged.get("date/gain"), loss=logged.get("loss"),
+                         lr=logged.get("learning_rate"))
 
   def _check_evaluate_save(self, tick: _Tick) -> None:
     """Never evaluates or saves a non-finite or diverged state."""

@@ -1,7 +1,7 @@
 """Stopping a run cleanly on SIGTERM, SIGHUP or SIGINT: finish the step, checkpoint it, exit.
 
 A cluster scheduler preempts a job with SIGTERM (and kills it a grace period
-later); a dropped ssh session sends SIGHUP; a person stops one with Ctrl-C
+later); a dropped ssh connection sends SIGHUP; a person stops one with Ctrl-C
 (SIGINT). Either way the trainer finishes the step it is in, saves it, and
 raises `Preempted`, which the CLI turns into one line and the conventional
 status 128 + the signal number (143, 129, 130). The same command then resumes

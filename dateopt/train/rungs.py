@@ -3,7 +3,7 @@
 A growing run (DATE's `grow_batch`) trains one program per rung of its
 ladder. Compiled when the run first steps at a rung, each one stops the run
 for the compiler: on an H100 the main job's grown run spent most of its wall
-time compiling its rungs (notes/batch_growth.md), and a large model's
+time compiling its rungs (docs/results/growth_study.md), and a large model's
 program can take minutes. `RungPrograms` lowers and compiles every rung
 above the first, one after the other in a background thread while the run
 trains, through the run's own `jax.jit` object, so a rung the run reaches

@@ -36,7 +36,7 @@ from dateopt.train import parallel, preemption, workdir_lock, workdirs
 # Looked up here at each call: scripts/divergence_evidence.py wraps it.
 from dateopt.train.experiment import Experiment, build_experiment, build_optimizer
 from dateopt.train.loop import TrainLoop
-from dateopt.train.metrics import read_metrics
+from dateopt.train.metrics import Writer, read_metrics
 from dateopt.train.startup import claim_workdir, save_recipes, startup
 from dateopt.train.steps import TrainState
 
@@ -60,7 +60,8 @@ class TrainResult:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
-                       devices: Sequence[jax.Device] | None = None) -> TrainResult:
+                       devices: Sequence[jax.Device] | None = None,
+                       metric_writers: Sequence[Writer] = ()) -> TrainResult:
   """Plans the recipe with DATE, trains it data-parallel, evaluates and checkpoints.
 
   SIGTERM, SIGHUP or SIGINT during the call ends it after the current step,
@@ -76,6 +77,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       checkpoint that loads. One live run per workdir (`workdir/run.lock`;
       best effort in a bucket, see `workdir_lock`).
     devices: the mesh's devices (default: every device of every process).
+    metric_writers: writers that get every metric too, after `metrics.jsonl`
+      and TensorBoard (anything satisfying `dateopt.train.Writer`: a clu
+      `MetricWriter`, a class calling `wandb.log`); process 0 writes to them
+      and closes them when the run ends, other processes leave them alone.
 
   Returns:
     A `TrainResult` with the recipes, final state (NumPy) and metrics.
@@ -101,12 +106,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
     lock = claim_workdir(workdir, jax.process_index() == 0, exp)
     stops.on_exit_now.append(lambda: workdir_lock.release(lock))  # a signal inside a compile
     try:
-      return _train(exp, tx, workdir, stops)
+      return _train(exp, tx, workdir, stops, metric_writers=metric_writers)
     finally:
       workdir_lock.release(lock)
 
 
-def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) -> TrainResult:
+def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests, *,
+           metric_writers: Sequence[Writer]) -> TrainResult:
   """`train_and_evaluate` once the config is checked and the workdir is ours."""
   report = date.explain(exp.baseline, exp.recipe)
   if jax.process_index() == 0:
@@ -115,7 +121,8 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests) ->
           f"devices / {jax.process_count()} processes):\n{report}", flush=True)
   save_recipes(workdir, exp, report)
   with contextlib.ExitStack() as cleanup:  # closed however the run ends: saves finish, rows flush
-    loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup)
+    loop = TrainLoop(exp, tx, workdir, report=report, cleanup=cleanup,
+                     metric_writers=metric_writers)
     # A rerun of a finished run takes no step (an adaptive run ends before num_train_steps):
     # it reports the final metrics again and writes nothing.
     if not loop.finished_before:
