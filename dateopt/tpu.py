@@ -69,6 +69,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
+import json
 import os
 import re
 import shlex
@@ -115,6 +117,8 @@ LARGE_TARBALL_MIB = 100
 # A wheel or sdist of dateopt, as `pip wheel` or `python -m build` names it; only these
 # characters, since the name goes into the remote shell.
 WHEEL_NAME = re.compile(r"^dateopt-[A-Za-z0-9._+-]+\.(whl|tar\.gz|zip)$")
+# A git URL pip recorded, as it may go into the workers' shell: no quotes, no spaces.
+SAFE_GIT_URL = re.compile(r"^git\+(https|ssh)://[A-Za-z0-9._~:/@%+-]+@[0-9a-f]{7,40}$")
 VERSION_LINE = re.compile(r'^__version__ = "([A-Za-z0-9.+_-]+)"$', re.M)
 TREE, FILE, RELEASE = "tree", "file", "release"
 EXCLUDED_NAMES = frozenset({".git", ".venv", "venv", "runs", "__pycache__", ".pytest_cache",
@@ -181,17 +185,22 @@ class Package:
   TREE: a source tree copied to ~/dateopt, installed editable (`path`: the local
   tree to pack; None when it is packed already). FILE: a wheel or sdist at
   `path`, copied to the worker's home directory. RELEASE: dateopt `version`
-  from PyPI, nothing copied.
+  from PyPI, or from `url` (the git commit this dateopt was installed from), nothing
+  copied.
 
   Example:
     >>> Package(RELEASE, version="0.1.0").pip_argument("train,data")
     '"dateopt[train,data]==0.1.0"'
     >>> Package(FILE, Path("dist/dateopt-0.1.0-py3-none-any.whl")).pip_argument("tpu")
     '"dateopt[tpu] @ file://$HOME/dateopt-0.1.0-py3-none-any.whl"'
+    >>> Package(RELEASE, version="0.1.0", url="git+https://github.com/dateopt/dateopt@3f2a"
+    ...         ).pip_argument("tpu")
+    '"dateopt[tpu] @ git+https://github.com/dateopt/dateopt@3f2a"'
   """
   kind: str
   path: Path | None = None
   version: str | None = None
+  url: str | None = None
 
   def pip_argument(self, extras: str) -> str:
     """What follows `pip install` on a worker, in ~/dateopt ($HOME in double quotes expands)."""
@@ -199,7 +208,13 @@ class Package:
       return f'-e ".[{extras}]"'
     if self.kind == FILE:
       return f'"dateopt[{extras}] @ file://$HOME/{self.path.name}"'
+    if self.url:
+      return f'"dateopt[{extras}] @ {self.url}"'
     return f'"dateopt[{extras}]=={self.version}"'
+
+  def origin(self) -> str:
+    """Where a RELEASE comes from, for the launcher's note."""
+    return self.url or f"dateopt=={self.version} from PyPI"
 
 
 COPIED_TREE = Package(TREE)  # the tree on the workers already (a relaunch, `install`)
@@ -533,7 +548,30 @@ def resolve_package(source: Path | None, wheel: Path | None) -> Package:
   source = source if source is not None else source_tree()
   if source is not None:
     return Package(TREE, source)
-  return Package(RELEASE, version=package_version())
+  return Package(RELEASE, version=package_version(), url=installed_git_commit())
+
+
+def installed_git_commit() -> str | None:
+  """`git+URL@COMMIT` when this dateopt was pip-installed from a git repository (pip's
+  direct_url.json, PEP 610), so that the workers install the very same commit; else None.
+
+  Example:
+    >>> installed_git_commit() is None or installed_git_commit().startswith("git+")
+    True
+  """
+  try:
+    record = importlib.metadata.distribution("dateopt").read_text("direct_url.json")
+  except importlib.metadata.PackageNotFoundError:
+    return None
+  try:
+    direct = json.loads(record or "null") or {}
+  except ValueError:
+    return None
+  vcs = direct.get("vcs_info") or {}
+  url = f"git+{direct.get('url', '')}@{vcs.get('commit_id', '')}"
+  if vcs.get("vcs") != "git" or not SAFE_GIT_URL.match(url):
+    return None
+  return url
 
 
 def check_config(config: str, package: Package) -> str:
@@ -861,7 +899,7 @@ def copy(runner: Runner, target: Target, tarball: str, *, package: Package) -> N
       say(f"warning: {mebibytes:.0f} MiB goes to every worker; keep data and runs in a "
           "bucket, or outside the tree (or in .gitignore)")
   if package.kind == RELEASE:
-    say(f"no source tree here: the workers install dateopt=={package.version} from PyPI "
+    say(f"no source tree here: the workers install {package.origin()} "
         "(--wheel PATH sends a local build instead)")
   runner.run_all(upload_commands(target, package, tarball))
 
@@ -1071,7 +1109,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
       args.package = resolve_package(args.source, getattr(args, "wheel", None))
     if args.command == "copy" and args.package.kind == RELEASE:
       raise TpuVmError("nothing to copy: no source tree here (a wheel install) and no --wheel; "
-                       f"`install` installs dateopt=={args.package.version} from PyPI as it is")
+                       f"`install` installs {args.package.origin()} as it is")
     if hasattr(args, "config"):
       args.config = check_config(args.config, args.package)
       ephemeral = args.command in ("run", "watch") and (

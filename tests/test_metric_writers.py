@@ -289,6 +289,35 @@ def test_a_full_disk_raises_one_oserror_in_the_caller_and_close_does_not_hang(tm
   assert mine.calls == ["flush", "close"]
 
 
+class _RefusingBucketFile:
+  """A bucket's event file whose upload its client refuses (not an OSError)."""
+
+  def write(self, data):
+    del data
+
+  def flush(self):
+    raise RuntimeError("403 POST https://storage.googleapis.com/...: permission denied")
+
+  def close(self):
+    self.closed = getattr(self, "closed", 0) + 1
+
+
+def test_a_bucket_clients_own_error_is_an_oserror_naming_the_events(tmp_path, monkeypatch):
+  bucket_file = _RefusingBucketFile()
+  monkeypatch.setattr(record_writer, "open_file", lambda path: bucket_file)
+  monkeypatch.setattr(metrics.workdirs, "is_local", lambda path: False)
+  writer = metrics.TensorBoardWriter(tmp_path / "tensorboard")
+  writer.write_scalars(1, {"train/loss": 1.0})
+  with pytest.raises(OSError) as raised:
+    writer.flush()
+  assert raised.value.errno == errno.EIO
+  assert raised.value.strerror.startswith(
+      f"the TensorBoard events in {tmp_path / 'tensorboard'} cannot be written: RuntimeError: "
+      "403 POST")
+  writer.close()  # lets the file go: no second upload
+  assert bucket_file.closed == 1  # once, when the flush failed
+
+
 _FILLS_A_FILE_SIZE_LIMIT = textwrap.dedent("""
   import resource, signal, sys, threading
   signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the writer

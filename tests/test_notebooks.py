@@ -109,6 +109,17 @@ def test_saved_notebook_has_its_badge_and_full_run_outputs(name):
   assert "SMALL=False" in printed
 
 
+LOCAL_PATH = re.compile(r"(?<![\w.~])/(?:tmp|root|home|work|Users|private)/")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_saved_outputs_show_no_local_path_and_no_warning(name):
+  texts = [o.get("text", "") if o.output_type == "stream"
+           else str(o.get("data", {}).get("text/plain", "")) for o in _outputs(_read(name))]
+  assert not [t for t in texts if LOCAL_PATH.search(t)], f"{name}: a local path in an output"
+  assert not [t for t in texts if "Warning:" in t], f"{name}: a warning in an output"
+
+
 def test_notebooks_share_one_repository():
   assert len({_badge_repo(_read(name), name) for name in NOTEBOOKS}) == 1
 

@@ -110,7 +110,7 @@ def test_before_a_gain_is_read_the_mean_progress_per_step_stands_in():
   assert "gain" not in bar.line()   # no gain read, none shown
 
 
-# The run of the complaint, scaled down: an adaptive run of T0 = 3618 baseline steps whose
+# The simulated run, scaled down: an adaptive run of T0 = 3618 baseline steps whose
 # gain climbs from 1 to 8 over its first 29 steps (1 + (t − 1)/4), logged every 10 steps
 # (τ and the gain read there). Step 1 compiles for 20 s, then a step takes 0.5 s.
 T0 = 3618
@@ -149,15 +149,15 @@ def test_the_eta_of_a_climbing_gain_is_near_the_true_time_left_from_the_first_li
   # = 616.5 steps at 0.5 s → 308.2 s; the true time left is 252 − 30 = 222 s (1.39x).
   assert eta == pytest.approx(((T0 - 67.5) / 5.75 - 1) * 0.5)
   assert eta / (end - now) < 1.5
-  # The rule it replaces, remaining τ over the mean τ per second since the start (compile
+  # The mean-rate rule, remaining τ over the mean τ per second since the start (compile
   # included): (3618 − 67.5) / (67.5 / 30) = 1578 s, 7.1x the true 222 s.
-  old_rule = (T0 - 67.5) / (67.5 / now)
-  assert old_rule / (end - now) > 7
+  mean_rate_rule = (T0 - 67.5) / (67.5 / now)
+  assert mean_rate_rule / (end - now) > 7
   # From the second line (60 s, step 81) on, the gain has stopped climbing: the ETA is the
   # time left (within the step since the last reading: 191.97 s for 192 s there).
   for step, now, eta in at_lines[1:]:
     assert eta == pytest.approx(end - now, abs=0.5)
-  # The old rule there, with τ = 538.5 read at step 80: (3618 − 538.5) / (538.5 / 60) = 343 s,
+  # The mean-rate rule there (τ = 538.5 read at step 80): (3618 − 538.5) / (538.5 / 60) = 343 s,
   # 1.8x the true 192 s; still 1.3x at 120 s (170 s for 132 s).
   _, now, _ = at_lines[1]
   assert (T0 - 538.5) / (538.5 / now) / (end - now) > 1.75
@@ -252,8 +252,9 @@ def test_durations():
       "0:00", "1:02", "1:00:00", "1:02:05", "25:01:01"]
 
 
+@pytest.mark.slow  # a training run
 def test_the_train_loop_shows_an_adaptive_run_s_step_batch_and_gain(tmp_path, capsys):
-  """The loop's bar, end to end: a short run without a terminal writes its last line only."""
+  """The loop's bar, end to end: without a terminal, whole lines, the last one at the end."""
   from dateopt import train
   import tiny_config  # tests/tiny_config.py
   config = tiny_config.get_config()
@@ -261,7 +262,14 @@ def test_the_train_loop_shows_an_adaptive_run_s_step_batch_and_gain(tmp_path, ca
   config.plan = dict(noise_scale=50.0)
   result = train.train_and_evaluate(config, str(tmp_path))
   shown = [line for line in capsys.readouterr().err.splitlines() if "baseline steps" in line]
-  assert len(shown) == 1 and "\r" not in shown[0]   # the run is shorter than the interval
-  assert shown[0].startswith(f"tau 120/120 baseline steps | step {result.steps} | batch 64 | "
-                             "gain ")
-  assert "ETA 0:00" in shown[0] and "| loss " in shown[0]
+  assert shown and not [line for line in shown if "\r" in line]
+  assert shown[-1].startswith(f"tau 120/120 baseline steps | step {result.steps} | batch 64 | "
+                              "gain ")
+  assert "ETA 0:00" in shown[-1] and "| loss " in shown[-1]
+
+
+def test_a_disabled_bar_reads_as_empty_and_never_raises():
+  bar = ProgressBar(100, adaptive=True, enabled=False)
+  bar.update(5, progress=10.0, gain=2.0)
+  bar.close()
+  assert (bar.line(), bar.remaining_steps(), bar.eta_seconds()) == ("", 0.0, None)

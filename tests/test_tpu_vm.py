@@ -1,6 +1,7 @@
 """dateopt-tpu (dateopt/tpu.py, and scripts/tpu_vm.py from a clone) without gcloud: the exact commands (--dry-run), the remote scripts, watch."""
 
 import ast
+import json
 import os
 import re
 import shlex
@@ -297,6 +298,30 @@ def test_a_wheel_install_runs_with_no_source_installing_this_version(tmp_path):
   assert f"install dateopt=={dateopt.__version__} from PyPI" in done.stderr
 
 
+def test_an_install_from_git_sends_the_same_commit_to_the_workers(tmp_path):
+  # pip's record of a `pip install "dateopt @ git+..."` (PEP 610), as the launcher finds it.
+  site = wheel_install(tmp_path)
+  info = site / f"dateopt-{dateopt.__version__}.dist-info"
+  info.mkdir()
+  (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dateopt\n"
+                                 f"Version: {dateopt.__version__}\n")
+  commit = "0f97ea1" + "0" * 33
+  (info / "direct_url.json").write_text(json.dumps({
+      "url": "https://github.com/dateopt/dateopt",
+      "vcs_info": {"vcs": "git", "commit_id": commit, "requested_revision": "main"}}))
+  done = wheel_dry_run(tmp_path, "run", *TARGET, *SLICE, *PACKAGED_JOB)
+  assert done.returncode == 0, done.stderr
+  install = remote_script(done.stdout.splitlines()[2])
+  assert install.endswith('.venv/bin/python -m pip install -q "dateopt[train,data,gcp,tpu] @ '
+                          f'git+https://github.com/dateopt/dateopt@{commit}"')
+  assert f"install git+https://github.com/dateopt/dateopt@{commit}" in done.stderr
+  # A record that could break out of the shell's quotes is not used.
+  (info / "direct_url.json").write_text(json.dumps({
+      "url": 'https://x"; rm -rf ~; "', "vcs_info": {"vcs": "git", "commit_id": commit}}))
+  done = wheel_dry_run(tmp_path, "run", *TARGET, *SLICE, *PACKAGED_JOB)
+  assert "rm -rf ~" not in done.stdout and f"=={dateopt.__version__}" in done.stdout
+
+
 def test_a_wheel_install_refuses_what_it_cannot_send(tmp_path):
   done = wheel_dry_run(tmp_path, "run", *TARGET, *SLICE, "--config=configs/mine.py", JOB[1])
   assert done.returncode == 2 and done.stdout == ""
@@ -461,7 +486,9 @@ def test_stop_kills_the_group_after_the_grace(worker):
 ])
 def test_stop_leaves_a_pid_that_is_no_longer_ours_alone(worker, leader, cmdline):
   other = worker.other(*cmdline, leader=leader)
-  wait_until(lambda: "sleep" in Path(f"/proc/{other.pid}/cmdline").read_text())
+  # Once it runs its own command line (not the test's, from before its exec).
+  assert wait_until(lambda: Path(f"/proc/{other.pid}/cmdline").read_bytes().split(b"\0")[:-1]
+                    == [part.encode() for part in cmdline])
   worker.pid_file.parent.mkdir(parents=True)
   worker.pid_file.write_text(f"{other.pid}\n")
   done = worker.run(tpu_vm.stop_script(grace_seconds=2))

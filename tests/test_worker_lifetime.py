@@ -169,8 +169,9 @@ def test_a_killed_worker_ends_the_iteration_with_one_line():
   try:
     workers = _workers_started(batches, before)
     next(batches), next(batches)  # a chunk from each: both workers run (set up their signals)
-    for worker in workers:  # a terminal's Ctrl-C reaches them too: the trainer answers it
-      os.kill(worker, signal.SIGINT)
+    for worker in workers:  # signals to the whole group reach them too: the trainer answers
+      for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        os.kill(worker, signum)
     for _ in range(8):  # 8 chunks of 8 examples: each worker's turn comes four times
       next(batches)
     assert _still_alive(workers) == workers

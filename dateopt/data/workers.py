@@ -14,9 +14,11 @@ Either ends the worker at once with `os._exit`: a normal exit would wait for que
 threads that nobody reads any more. The resource tracker ends after the last worker (it
 exits when every holder of its pipe has), unlinking the shared memory they left behind.
 
-Nor does a worker end before its parent on a terminal's Ctrl-C or hang-up, which reach
-the whole process group: it ignores SIGINT and SIGHUP, and the trainer, which saves a
-checkpoint on them, still reads its batches while it finishes the step.
+Nor does a worker end before its parent on a signal sent to the whole process group (a
+terminal's Ctrl-C or hang-up, a scheduler's or `dateopt-tpu stop`'s SIGTERM to the job's
+group): it ignores SIGINT, SIGHUP and SIGTERM, and the trainer, which saves a checkpoint
+on them, still reads its batches while it finishes the step. (grain ends its workers with
+SIGKILL, which no process can ignore.)
 
 Not PR_SET_PDEATHSIG: grain starts its workers from one of its prefetch threads, and that
 signal comes when the creating *thread* ends, not the process, so it could kill a worker
@@ -55,7 +57,7 @@ def exit_with_parent(parent_pid: int) -> Callable[[int, int], None]:
 def _start_watch(parent_pid: int, worker_index: int, worker_count: int) -> None:
   del worker_index, worker_count
   if threading.current_thread() is threading.main_thread():  # where signals can be set
-    for name in ("SIGINT", "SIGHUP"):
+    for name in ("SIGINT", "SIGHUP", "SIGTERM"):
       if hasattr(signal, name):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
   parent = multiprocessing.parent_process()

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import socket
@@ -235,7 +236,10 @@ class TensorBoardWriter:
   tensorboardX, events are buffered: written out (a local file synced, a
   bucket's, gs:// through tensorboardX's google-cloud-storage writer,
   uploaded whole) at `flush()`, `close()` and at most every
-  `flush_every_seconds`; locally also whenever the file's buffer fills.
+  `flush_every_seconds`; locally also whenever the file's buffer fills. A
+  bucket's upload is the whole file, in the training thread: on a very long
+  run to gs://, a larger `flush_every_seconds` trades the step time it takes
+  against the events a killed run loses. One thread writes (the trainer's).
 
   Example:
     >>> writer = TensorBoardWriter("/tmp/run/tensorboard")
@@ -312,8 +316,13 @@ class TensorBoardWriter:
       return
     except OSError as error:
       failure = error
+    except Exception as error:  # pylint: disable=broad-except
+      if self._local:
+        raise
+      # A bucket's client raises its own errors (google.api_core's, auth): an I/O error too.
+      failure = _caused_by(OSError(errno.EIO, f"{type(error).__name__}: {error}"), error)
     if self._file is not None:
-      with contextlib.suppress(OSError):
+      with contextlib.suppress(Exception):
         self._file.close()
     self._file = None
     message = (f"the TensorBoard events in {self.logdir} cannot be written: "
@@ -388,7 +397,10 @@ class _AppendedFile:
     self._file.flush()
 
   def flush(self) -> None:
+    """The rows on the disk, not only in the OS's cache: a checkpoint's rows survive a
+    power-off, as its events and its checkpoint do."""
     self._file.flush()
+    os.fsync(self._file.fileno())
 
   def close(self) -> None:
     self._file.close()

@@ -97,12 +97,15 @@ class ProgressBar:
   makes every call a no-op. `stream` and `clock` default to `sys.stderr` and
   `time.monotonic`; the tests give a `StringIO` and a fake clock.
 
+  The gain is an upper bound on τ's advance: in the LR warmup (τ advances by
+  the ramp times the gain) and over skipped steps τ advances less, so there
+  the ETA reads short.
+
   Example:
     >>> bar = ProgressBar(5000, start_step=0)          # a static recipe's 5000 steps
     >>> for step in range(1, 5001):
-    ...   bar.update(step, batch_size=512)
-    >>> bar.close()
-    step 5000/5000 | batch 512 | 14.2 step/s | ETA 0:00 | 5:52 elapsed
+    ...   bar.update(step, batch_size=512)             # stderr: "step 5000/5000 | batch 512 |
+    >>> bar.close()                                    #   <rate> step/s | ETA 0:00 | ..."
   """
 
   def __init__(self, total: float, *, initial: float = 0.0, start_step: int = 0,
@@ -111,7 +114,7 @@ class ProgressBar:
                line_every_seconds: float = LINE_EVERY_SECONDS,
                redraw_every_seconds: float = REDRAW_EVERY_SECONDS,
                window_seconds: float = PACE_WINDOW_SECONDS, settle_steps: int = SETTLE_STEPS):
-    self.enabled = enabled
+    self.enabled = self._built = enabled  # closing ends `enabled`; the state stays readable
     if not enabled:
       return
     self._total, self._adaptive, self._max_steps = float(total), adaptive, max_steps
@@ -160,7 +163,9 @@ class ProgressBar:
       self._draw(now)
 
   def remaining_steps(self) -> float:
-    """The optimizer steps still to take, by the rule in the class docstring."""
+    """The optimizer steps still to take, by the rule in the class docstring (0 disabled)."""
+    if not self._built:
+      return 0.0
     if not self._adaptive:
       left = self._total - self._step
     else:
@@ -183,6 +188,8 @@ class ProgressBar:
     With a `width` (a terminal's), the fields after the ETA (elapsed, loss, ...)
     that do not fit are left out, then the rest is cut to it.
     """
+    if not self._built:
+      return ""
     now = self._clock() if now is None else now
     line = " | ".join(self._main_fields())
     for field in [f"{duration(now - self._opened)} elapsed"] + [
