@@ -340,7 +340,9 @@ def test_every_family_builds_and_steps_under_jit(optimizer):
 
 
 @pytest.mark.parametrize("module", ["dateopt.date.recipe", "dateopt.date.planner",
-                                    "dateopt.date.builder", "dateopt.date"])
+                                    "dateopt.date.builder", "dateopt.date",
+                                    "dateopt.date.batch_schedules", "dateopt.date.adam_scaling",
+                                    "dateopt.study.compare"])
 def test_docstring_examples(module):
   result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
   assert result.failed == 0

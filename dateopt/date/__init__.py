@@ -7,7 +7,9 @@ schedule at the pace the gradient noise scale measured each step allows
 (AdaScale's gain), and stops when it has covered the baseline's steps. The
 other optax wrappers a trainer plugs in: `measure_noise_scale` (the noise EMAs
 alone), `track_statistics` (gradient norm, trust ratios, update ratio) and
-`divergence_guard` (skip bad steps, back the LR off, recover it). An
+`divergence_guard` (skip bad steps, back the LR off, recover it). The field's
+fixed batch schedules (`plan(base, max_batch, "seesaw")`, `scheduled_batch`,
+`dateopt.date.batch_schedules`) grow the batch with nothing measured. An
 adaptive run that diverges is held and, if it stays diverged, given up:
 `diverged(state)` and `gave_up(state)` say so. Every reader of the state takes
 an optax state, or a Flax nnx `Optimizer` or its `opt_state` (`as_optax_state`).
@@ -49,8 +51,18 @@ from dateopt.date.progress import (
     progress_done,
     wants_next_rung,
 )
+from dateopt.date.batch_schedules import (
+    BATCH_SCHEDULES,
+    BatchSchedule,
+    BatchScheduleState,
+    doubling,
+    linear_ramp,
+    scheduled_batch,
+    seesaw,
+)
 from dateopt.date.builder import (
     adam_preconditioner,
+    batch_schedule_of,
     build,
     build_schedule,
     noise_leaf_scales,
@@ -108,6 +120,9 @@ from dateopt.date.stats import (
 
 __all__ = [
     "AdaptiveState",
+    "BATCH_SCHEDULES",
+    "BatchSchedule",
+    "BatchScheduleState",
     "DEFAULT_MIN_MULTIPLIER",
     "DEFAULT_PROMOTE_ABOVE",
     "DEFAULT_PROMOTION_ANCHORS",
@@ -138,6 +153,7 @@ __all__ = [
     "as_optax_state",
     "batch_credit",
     "batch_ladder",
+    "batch_schedule_of",
     "bounded_gain",
     "bump_ceiling",
     "build",
@@ -149,8 +165,10 @@ __all__ = [
     "cross_replica_sq_norms",
     "divergence_guard",
     "diverged",
+    "doubling",
     "expected_efficiency",
     "law_steps",
+    "linear_ramp",
     "explain",
     "gain_from_estimates",
     "gave_up",
@@ -172,6 +190,8 @@ __all__ = [
     "predicted_budget",
     "predicted_steps",
     "progress_done",
+    "scheduled_batch",
+    "seesaw",
     "statistics",
     "track_statistics",
     "trust_ratio_summary",

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import masks, schedules, transforms
+from dateopt.date import adam_scaling
+from dateopt.date.batch_schedules import BatchSchedule, scheduled_batch, schedule_of
 from dateopt.date.divergence import DIVERGENCE_PATIENCE, as_optax_state
 from dateopt.date.noise import SIGNAL_DECAY
 from dateopt.date.progress import adaptive, batch_ladder
@@ -44,7 +46,8 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
 def build(recipe: Recipe, *, noise_decay: float = 0.99,
           signal_decay: float | None = SIGNAL_DECAY,
           batch_sizes: Sequence[int] | None = None,
-          divergence_patience: int | None = DIVERGENCE_PATIENCE
+          divergence_patience: int | None = DIVERGENCE_PATIENCE,
+          batch_schedule: BatchSchedule | None = None,
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
@@ -74,6 +77,9 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
       trainer passes its batch layout's). Ignored for a fixed batch.
     divergence_patience: adaptive recipes: diverged steps in all before the
       engine gives up (`dateopt.date.divergence`); None: no divergence watch.
+    batch_schedule: a recipe with a field `batch_schedule`: its schedule as the
+      devices round it (`batch_schedule_of(recipe, multiple_of=...)`); None:
+      `batch_schedule_of(recipe)`.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -88,7 +94,12 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
   check_type("recipe", recipe, Recipe, what="a dateopt.date.Recipe")
   schedule = build_schedule(recipe)
   make = optimizer_factory(recipe)
-  if recipe.adaptive:
+  rung_hyperparams = _rung_hyperparams(recipe)
+  if recipe.scheduled:
+    given = batch_schedule_of(recipe) if batch_schedule is None else batch_schedule
+    tx = scheduled_batch(make, schedule, given, base_steps=recipe.total_steps,
+                         rung_hyperparams=rung_hyperparams)
+  elif recipe.adaptive:
     ladder = None
     if recipe.grow_batch:
       given = batch_sizes is not None and len(batch_sizes) > 0  # a numpy array too
@@ -99,10 +110,42 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
                   noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=ladder,
                   step_price=recipe.step_price,
                   noise_batch_exponent=recipe.noise_batch_exponent,
-                  divergence_patience=divergence_patience)
+                  divergence_patience=divergence_patience, rung_hyperparams=rung_hyperparams)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule
+
+
+def _rung_hyperparams(recipe: Recipe):
+  """`recipe.adam_scaling` as the engines' `rung_hyperparams` (None without rules)."""
+  if not recipe.adam_scaling:
+    return None
+  eps = adam_scaling.DEFAULT_EPS[recipe.optimizer] if recipe.eps is None else recipe.eps
+  return adam_scaling.rung_hyperparams(recipe.adam_scaling, b1=recipe.b1, b2=recipe.b2, eps=eps,
+                                       weight_decay=recipe.weight_decay)
+
+
+def batch_schedule_of(recipe: Recipe, *, multiple_of: int = 1) -> BatchSchedule:
+  """The field batch schedule a recipe with `batch_schedule` follows, each batch rounded
+  up to a multiple of `multiple_of` (the devices' batch layout).
+
+  Example:
+    >>> r = Recipe(batch_size=256, num_examples=24_000, num_epochs=10, learning_rate=1e-3,
+    ...            optimizer="adam", base_batch_size=32, batch_schedule="doubling",
+    ...            batch_schedule_options={"start_batch": 32, "ramp_examples": 48_000})
+    >>> batch_schedule_of(r).batch_sizes, batch_schedule_of(r).boundaries
+    ((32, 64, 128, 256), (16000, 32000, 48000))
+  """
+  check_type("recipe", recipe, Recipe, what="a dateopt.date.Recipe")
+  if not recipe.scheduled:
+    raise ValueError(f"batch_schedule_of needs a recipe with a batch_schedule; this one has "
+                     f"batch_schedule={recipe.batch_schedule!r}.")
+  schedule = schedule_of(recipe.batch_schedule, recipe.batch_schedule_options,
+                         base_batch_size=recipe.base_batch_size,
+                         max_batch_size=recipe.batch_size,
+                         base_schedule=build_schedule(recipe), base_steps=recipe.total_steps,
+                         warmup_steps=recipe.warmup_steps)
+  return schedule.rounded(multiple_of)
 
 
 def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
@@ -115,8 +158,11 @@ def optimizer_factory(recipe: Recipe) -> OptimizerFactory:
   """
   family, kwargs = _family_and_kwargs(recipe)
 
-  def make(learning_rate):
-    tx = family(learning_rate, **kwargs)
+  def make(learning_rate, *, b2=None, eps=None, weight_decay=None):
+    # b2, eps and weight_decay: the engines set them at each step (`Recipe.adam_scaling`).
+    scaled = {k: v for k, v in (("b2", b2), ("eps", eps), ("weight_decay", weight_decay))
+              if v is not None}
+    tx = family(learning_rate, **{**kwargs, **scaled})
     if recipe.grad_clip_norm is None:
       return tx
     return optax.chain(optax.clip_by_global_norm(recipe.grad_clip_norm), tx)

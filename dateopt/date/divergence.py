@@ -379,8 +379,9 @@ def adaptive_part(opt_state: Any, name: str) -> Any:
   part = optax.tree.get(as_optax_state(opt_state), name)
   if part is None:
     raise ValueError(f"opt_state holds no dateopt.date.adaptive state ({name}): pass the state "
-                     f"of the optimizer date.adaptive (or date.build of an adaptive recipe) "
-                     f"made; with Flax nnx, the nnx.Optimizer or its opt_state.")
+                     f"of the optimizer date.adaptive or date.scheduled_batch (or date.build of "
+                     f"an adaptive or batch-schedule recipe) made; with Flax nnx, the "
+                     f"nnx.Optimizer or its opt_state.")
   return part
 
 

@@ -9,6 +9,9 @@ import warnings
 from typing import Mapping, Sequence
 
 from dateopt import schedules
+from dateopt.date import adam_scaling as adam_rules
+from dateopt.date import batch_schedules
+from dateopt.date.builder import batch_schedule_of
 from dateopt.date.divergence import LEARNT
 from dateopt.date.noise import expected_efficiency
 from dateopt.date.progress import GROWTH_INTERVAL, batch_credit, batch_ladder, predicted_budget
@@ -21,8 +24,9 @@ from dateopt.date.recipe import (
 )
 from dateopt.validation import check_choice, check_range, check_type
 
-#: The strategies `plan` knows (see its docstring).
-STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none")
+#: The strategies `plan` knows (see its docstring): DATE's, the static rules, and the
+#: field's batch schedules (`dateopt.date.batch_schedules`).
+STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none") + batch_schedules.BATCH_SCHEDULES
 
 # The LR rule each strategy applies to the peak (and the whole LR curve).
 _LR_RULES = {"legw": "sqrt", "linear": "linear", "sqrt": "sqrt", "none": "none"}
@@ -67,6 +71,9 @@ def plan(
     step_price: float = STEP_PRICE,
     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
     noise_of: str | None = None,
+    budget: float = 1.0,
+    schedule_options: Mapping[str, object] | None = None,
+    adam_scaling: Sequence[str] = (),
 ) -> Recipe:
   """Plans a recipe for `batch_size` from a tuned `baseline`, without re-tuning.
 
@@ -93,6 +100,14 @@ def plan(
     * "none": only the batch size changes.
   The whole LR curve keeps its shape: `end_value` and `init_value` scale
   with the peak.
+
+  The field's batch schedules, with nothing measured (`batch_size` is the
+  largest batch; `dateopt.date.batch_schedules` has each rule and its paper):
+  "linear_ramp" (Megatron-LM, MaxText), "doubling" (OLMo-core's √ LR rule),
+  "seesaw" (Meterez et al. 2025) and "batch_for_decay" (Smith et al. 2018).
+  Their LR schedule is the baseline's counted in examples (its warmup in
+  examples, its decay over the budget), times the rule's factor of the
+  step's batch; `schedule_options` sets the rule's free parameters.
 
   Optimizer promotion (on by default for "legw"): above `promote_above`,
   momentum-SGD with batch norm becomes LARS and Adam(W) becomes LAMB, the
@@ -139,6 +154,14 @@ def plan(
       adam/adamw baseline (the gradient in Adam's metric, opt-in), or "auto"
       (lars_step where it applies: `Recipe.measured_noise_of`). None: the
       baseline's (by default "auto").
+    budget: the static strategies and the batch schedules: the examples to
+      train on, × the baseline's (its epochs × budget; the decay spans them).
+      "adaptive" chooses its own.
+    schedule_options: a batch schedule's options (`batch_schedules.resolve_options`):
+      "start_batch", "ramp_share" or "ramp_examples", "increment", "alpha".
+    adam_scaling: the Adam family's rules beyond the LR (`dateopt.date.adam_scaling`:
+      "b2", "eps", "weight_decay"): a static plan writes the scaled values; DATE and
+      the batch schedules apply them at every step. Off by default.
 
   Returns:
     The planned `Recipe`; its `rationale` says which rule set each field.
@@ -168,15 +191,23 @@ def plan(
   check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
   check_type("grow_batch", grow_batch, bool, what="a bool")
+  rules = _check_budget_and_options(strategy, budget, schedule_options, adam_scaling)
   if promote is None:
     promote = strategy == "legw"
+  if strategy in batch_schedules.BATCH_SCHEDULES:
+    if (promote or momentum_scaling or grow_batch or noise_of is not None
+        or noise_scale is not None):
+      raise ValueError(f"strategy={strategy!r} is a fixed batch schedule: promote, "
+                       f"momentum_scaling, grow_batch, noise_of and noise_scale do not apply.")
+    return _with_rung_rules(
+        _scheduled_plan(baseline, batch_size, strategy, budget, schedule_options), rules)
   if strategy == "adaptive":
     if promote or momentum_scaling:
       raise ValueError("promote and momentum_scaling are rules of the static strategies; the "
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
-    return _adaptive_plan(baseline, batch_size, gain_rule, noise_scale,
-                          critical_batch_factor, grow_batch, step_price, noise_of=noise_of,
-                          noise_batch_exponent=noise_batch_exponent)
+    return _with_rung_rules(_adaptive_plan(
+        baseline, batch_size, gain_rule, noise_scale, critical_batch_factor, grow_batch,
+        step_price, noise_of=noise_of, noise_batch_exponent=noise_batch_exponent), rules)
   if noise_of is not None:
     raise ValueError(f"noise_of={noise_of!r} is a rule of the 'adaptive' strategy (what its "
                      f"noise scale is measured on); got strategy={strategy!r}.")
@@ -220,12 +251,63 @@ def plan(
   if noise_scale is not None:
     why["expected efficiency"] = _efficiency_note(
         noise_scale, baseline.batch_size, batch_size, critical_batch_factor)
+  changes.update(_budget_and_adam_rules(baseline, family, k, curve, budget, rules, why))
 
   try:
     return baseline.replace(**changes, rationale=why)
   except ValueError as e:
     raise ValueError(f"{e} (planning batch_size={batch_size} with strategy "
                      f"{strategy!r} from batch {baseline.batch_size})") from e
+
+
+def _check_budget_and_options(strategy: str, budget: float,
+                              schedule_options: Mapping[str, object] | None,
+                              adam_scaling: Sequence[str]) -> tuple[str, ...]:
+  """`plan`'s budget, schedule options and Adam rules, checked; the rules as a tuple."""
+  check_type("budget", budget, numbers.Real, what="a number > 0")
+  check_range("budget", budget, low=0.0, low_inclusive=False)
+  if schedule_options is not None and strategy not in batch_schedules.BATCH_SCHEDULES:
+    raise ValueError(f"schedule_options are a batch schedule's (one of "
+                     f"{', '.join(batch_schedules.BATCH_SCHEDULES)}); got strategy={strategy!r}.")
+  if strategy == "adaptive" and budget != 1.0:
+    raise ValueError(f"budget={budget:g}: the 'adaptive' strategy chooses its own budget "
+                     f"(it stops when its progress covers the baseline's steps).")
+  check_type("adam_scaling", adam_scaling, (list, tuple), what="a list of rule names")
+  return tuple(adam_scaling)
+
+
+def _budgeted_epochs(baseline: Recipe, budget: float) -> dict:
+  """The epochs of a run `budget` × as long, the decay's milestones and period with it (the
+  warmup keeps its examples)."""
+  changes = {"num_epochs": baseline.num_epochs * budget}
+  if baseline.decay == "multistep":
+    changes["decay_epochs"] = tuple(e * budget for e in baseline.decay_epochs)
+  if baseline.decay == "exponential":
+    changes["decay_every_epochs"] = baseline.decay_every_epochs * budget
+  return changes
+
+
+def _budget_and_adam_rules(baseline: Recipe, family: str, k: float, curve: float,
+                           budget: float, rules: tuple[str, ...], why: dict) -> dict:
+  """A static plan's budget in epochs and its scaled β₂, ε and weight decay, with their
+  reasons added to `why`."""
+  changes = {}
+  if budget != 1.0:
+    changes.update(_budgeted_epochs(baseline, budget))
+    why["num_epochs"] = f"budget: {budget:g} × the baseline's examples"
+  if rules:
+    if family != baseline.optimizer:
+      raise ValueError(f"adam_scaling={rules} scales the baseline's {baseline.optimizer!r}; this "
+                       f"plan promotes it to {family!r}: pass promote=False.")
+    adam_rules.check_rules(rules, family)
+    eps = baseline.eps if baseline.eps is not None and family == baseline.optimizer else (
+        adam_rules.DEFAULT_EPS[family])
+    scaled = adam_rules.planned_values(rules, k=k, lr_factor=curve, b1=baseline.b1,
+                                       b2=baseline.b2, eps=eps,
+                                       weight_decay=baseline.weight_decay)
+    changes.update(scaled)
+    why.update({name: _ADAM_RULE_TEXT[name](k, curve) for name in scaled})
+  return changes
 
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
@@ -287,6 +369,90 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
   return planned.replace(rationale=why)
 
 
+_ADAM_RULE_TEXT = {  # (k, the LR's factor) -> why the field has its value
+    "b2": lambda k, f: (f"β₂^k, k = {k:g}: its half-life in examples (Marek et al. 2025), "
+                        f"no lower than β₁"),
+    "eps": lambda k, f: f"ε/√k, k = {k:g} (Malladi et al. 2022)",
+    "weight_decay": lambda k, f: (f"λ·k/(η'/η) = λ·{k:g}/{f:.4g}: the AdamW timescale "
+                                  f"B/(η·λ·D) held (Bergsma et al. 2025)"),
+}
+
+
+_ADAM_STEP_TEXT = {
+    "b2": "β₂^k, no lower than β₁ (Marek et al. 2025)",
+    "eps": "ε/√k (Malladi et al. 2022)",
+    "weight_decay": "λ·k/(η'/η), the AdamW timescale held (Bergsma et al. 2025)",
+}
+
+
+def _with_rung_rules(planned: Recipe, rules: tuple[str, ...]) -> Recipe:
+  """A dynamic plan with the Adam family's rules applied at every step."""
+  if not rules:
+    return planned
+  try:
+    with_rules = planned.replace(adam_scaling=rules)
+  except ValueError as e:
+    raise ValueError(f"{e} (planning with adam_scaling={rules})") from e
+  why = dict(planned.rationale)
+  why["adam_scaling"] = ("at every step, from its batch k·B0 and the LR factor η'/η it "
+                         "applied: " + "; ".join(_ADAM_STEP_TEXT[r] for r in rules))
+  return with_rules.replace(rationale=why)
+
+
+# What each batch schedule's LR factor m(B) is, for the rationale.
+_SCHEDULE_LR_TEXT = {
+    "linear_ramp": "the LR planned for the largest batch, lr0 · √(B_max/B0) (LEGW), at every "
+                   "batch: Megatron-LM does not change the LR at a step-up",
+    "doubling": "lr0 · √(B/B0): × √2 at each doubling (OLMo-core's rule for Adam)",
+    "seesaw": "lr0 · √(B/B0) over the schedule: at each fall of the schedule by α, the batch "
+              "× 1/α and the LR falls by √α only (Meterez et al. 2025)",
+    "batch_for_decay": "lr0 · √(B_s/B0) · B/B_s over the schedule: at each fall by α, the "
+                       "batch × 1/α and the LR kept (Smith et al., ICLR 2018)",
+}
+_SCHEDULE_CITATION = {
+    "linear_ramp": "Megatron-LM --rampup-batch-size START INCREMENT SAMPLES; MaxText",
+    "doubling": "Megatron-LM --step-batch-size-schedule; OLMo-core BatchSizeSchedulerCallback",
+    "seesaw": "Meterez et al. 2025, arXiv 2510.14717",
+    "batch_for_decay": "Smith, Kindermans, Ying & Le, ICLR 2018",
+}
+
+
+def _scheduled_plan(baseline: Recipe, batch_size: int, strategy: str, budget: float,
+                    options: Mapping[str, object] | None) -> Recipe:
+  """A field batch schedule: the baseline's LR curve in examples, the batch on a schedule."""
+  check_range("batch_size", batch_size, low=baseline.batch_size)
+  b0 = baseline.batch_size
+  options = dict(options or {})
+  if strategy in ("seesaw", "batch_for_decay") and baseline.decay == "multistep":
+    options.setdefault("alpha", baseline.decay_rate)  # the schedule's own cut (Smith et al.)
+  try:
+    budgeted = baseline.replace(**_budgeted_epochs(baseline, budget))
+    resolved = batch_schedules.resolve_options(
+        strategy, options, base_batch_size=b0, max_batch_size=batch_size,
+        budget_examples=budgeted.total_steps * b0)
+    planned = budgeted.replace(batch_size=batch_size, base_batch_size=b0,
+                               batch_schedule=strategy, batch_schedule_options=resolved)
+    schedule = batch_schedule_of(planned)
+  except ValueError as e:
+    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy {strategy!r} "
+                     f"from batch {b0})") from e
+  steps, examples = schedule.steps_for(planned.total_steps * b0)
+  why = {
+      "batch_size": f"the largest batch: k = {batch_size / b0:g} × baseline",
+      "base_batch_size": "the baseline's: the LR schedule counts examples (baseline steps)",
+      "learning_rate": _SCHEDULE_LR_TEXT[strategy],
+      "warmup_epochs": "the baseline's, counted in examples",
+      "num_epochs": (f"budget: {budget:g} × the baseline's examples, the decay over all of "
+                     f"them"),
+      "batch_schedule": _SCHEDULE_CITATION[strategy],
+      "batch_schedule_options": "defaults filled in (batch_schedules.resolve_options)"
+                                if not options else "as given, defaults filled in",
+      "batch schedule": schedule.describe(),
+      "predicted steps": f"{steps:,} steps, {examples:,} examples (the schedule fixes both)",
+  }
+  return planned.replace(rationale=why)
+
+
 def _budget_notes(noise_scale, planned: Recipe, critical_batch_factor: float) -> dict[str, str]:
   """The rationale's prediction rows for a measured noise scale (a number or a profile)."""
   profile = _noise_profile(noise_scale)
@@ -329,7 +495,8 @@ def _noise_profile(noise_scale) -> list[float]:
 
 def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | None
                          ) -> int | None:
-  """The steps `recipe` will take: its own for a static recipe, the law's when adaptive.
+  """The steps `recipe` will take: its own for a static recipe, its schedule's for a
+  field batch schedule, the law's when adaptive.
 
   None for an adaptive recipe without a `noise_scale` to predict from.
 
@@ -341,6 +508,8 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
   """
   if not recipe.adaptive:
     return recipe.total_steps
+  if recipe.scheduled:  # unrounded: the devices' rounding can only save a few steps
+    return batch_schedule_of(recipe).steps_for(recipe.total_steps * recipe.base_batch_size)[0]
   if noise_scale is None:
     return None
   return plan_predicted_budget(recipe, noise_scale)["steps"]
@@ -360,9 +529,10 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], 
     >>> budget["steps"], budget["largest_batch_size"], round(budget["examples_vs_baseline"], 2)
     (831, 512, 1.52)
   """
-  if not recipe.adaptive:
-    raise ValueError("plan_predicted_budget: the recipe must be adaptive (base_batch_size "
-                     "set, plan(..., \"adaptive\")); got base_batch_size=None.")
+  if not recipe.adaptive or recipe.scheduled:
+    raise ValueError("plan_predicted_budget: the recipe must be DATE's adaptive one "
+                     "(plan(..., \"adaptive\")); a static or batch-schedule recipe fixes its "
+                     "own steps: plan_predicted_steps.")
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(_noise_profile(noise_scale), base_batch_size=recipe.base_batch_size,
                           batch_sizes=ladder, base_steps=recipe.total_steps,

@@ -99,6 +99,7 @@ from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
     DivergenceWatchState,
     adaptive_part,
+    as_optax_state,
     count_gradient_jump,
     gradient_jump,
     has_learnt,
@@ -107,6 +108,7 @@ from dateopt.date.divergence import (
     may_grow_batch,
     update_watch,
 )
+from dateopt.date.adam_scaling import injected
 from dateopt.date.guard import all_finite
 from dateopt.date.noise import (
     SIGNAL_DECAY,
@@ -406,6 +408,7 @@ def adaptive(
     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
     growth_interval: int = GROWTH_INTERVAL,
     divergence_patience: int | None = DIVERGENCE_PATIENCE,
+    rung_hyperparams: Callable[..., dict] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """The baseline's schedule, walked at the pace the measured noise scale allows.
 
@@ -441,6 +444,9 @@ def adaptive(
     divergence_patience: diverged steps in all (`dateopt.date.divergence`)
       before the engine gives up; None turns the watch off. The watch needs
       the loss as `value=`; without it, it never fires.
+    rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
+      `make_optimizer` set at each step from its batch (k = B/B0) and the LR
+      factor its gain applied (`dateopt.date.adam_scaling.rung_hyperparams`).
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
@@ -472,7 +478,7 @@ def adaptive(
                   noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
                   divergence_patience=divergence_patience)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
-  inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0)
+  inner, set_step = injected(make_optimizer, rung_hyperparams)
 
   def init_fn(params):
     first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
@@ -513,8 +519,7 @@ def adaptive(
     cap = state.gain_cap
     if watching:  # static: the watch's rules on the gain
       gain, cap = _watched_gain(gain, state, watch, learnt, steady=steady, healthy=healthy,
-                                step_batch=step_batch,
-                                base_batch_size=base_batch_size)
+                                step_batch=step_batch, base_batch_size=base_batch_size)
     ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
             if warmup_steps else jnp.float32(1.0))
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
@@ -529,7 +534,8 @@ def adaptive(
       # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
       credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
       progress = state.progress + ramp * credited
-      inner_state = optax.tree.set(state.inner_state, learning_rate=lr)
+      inner_state = set_step(state.inner_state, lr, k=step_batch / base_batch_size,
+                             lr_factor=_gain_multiplier(gain, gain_rule))
       new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
       count = state.count + 1
       next_batch = state.batch_size
@@ -630,9 +636,10 @@ def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] |
 def progress_done(opt_state: Any, base_steps: int) -> jax.Array:
   """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`.
 
-  A state without one raises ValueError (`dateopt.date.divergence.adaptive_part`).
+  A `scheduled_batch` optimizer's state is read alike (its examples seen over B0). A state
+  without either raises ValueError (`dateopt.date.divergence.adaptive_part`).
   """
-  return adaptive_part(opt_state, AdaptiveState.__name__).progress >= base_steps
+  return _batch_engine(opt_state).progress >= base_steps
 
 
 def next_batch_size(opt_state: Any) -> jax.Array:
@@ -648,8 +655,17 @@ def next_batch_size(opt_state: Any) -> jax.Array:
     ...               batch_sizes=batch_ladder(32, 128))
     >>> int(next_batch_size(tx.init({"w": jnp.ones(2)})))
     32
+
+  A `scheduled_batch` optimizer's state says its schedule's batch for the next step.
   """
-  return adaptive_part(opt_state, AdaptiveState.__name__).batch_size
+  return _batch_engine(opt_state).batch_size
+
+
+def _batch_engine(opt_state: Any) -> Any:
+  """The state of the `adaptive` or `scheduled_batch` optimizer somewhere in `opt_state`."""
+  scheduled = optax.tree.get(as_optax_state(opt_state), "BatchScheduleState")
+  return scheduled if scheduled is not None else adaptive_part(opt_state,
+                                                               AdaptiveState.__name__)
 
 
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,

@@ -7,6 +7,8 @@ import numbers
 from typing import Any, Mapping
 
 from dateopt import extras, masks, schedules
+from dateopt.date import adam_scaling
+from dateopt.date.batch_schedules import BATCH_SCHEDULES, SCHEDULE_OPTIONS
 from dateopt.validation import check_choice, check_range, check_type
 
 #: The optimizer families a `Recipe` can name.
@@ -93,6 +95,9 @@ def _normalise(name: str, value: Any, kind: str) -> Any:
   if kind == "float_tuple":
     check_type(name, value, (list, tuple), what="a list of numbers")
     return tuple(_normalise(f"{name}[{i}]", v, "float") for i, v in enumerate(value))
+  if kind == "str_tuple":
+    check_type(name, value, (list, tuple), what="a list of strings")
+    return tuple(_normalise(f"{name}[{i}]", v, "str") for i, v in enumerate(value))
   if kind == "mapping":
     check_type(name, value, Mapping, what="a mapping")
     return {_normalise(f"{name} key", k, "str"): _freeze(v) for k, v in value.items()}
@@ -172,6 +177,16 @@ class Recipe:
       `trust_clip` or `grad_clip_norm`, else "gradient"
       (`measured_noise_of`). An adaptive plan keeps the baseline's unless
       told otherwise.
+    batch_schedule: "none", or one of the field's fixed batch schedules
+      (`dateopt.date.batch_schedules`: "linear_ramp", "doubling", "seesaw",
+      "batch_for_decay"): with `base_batch_size` set, the LR schedule counts
+      examples (baseline steps), the batch follows the schedule up to
+      `batch_size`, and the run stops at the budget (`num_epochs`).
+    batch_schedule_options: the schedule's resolved options (its start batch
+      and its ramp in examples, or its α).
+    adam_scaling: DATE's engine and the batch schedules (adam, adamw, lamb):
+      the rules of `dateopt.date.adam_scaling` ("b2", "eps", "weight_decay")
+      applied at every step with its batch and LR factor; () by default.
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).
 
@@ -216,6 +231,9 @@ class Recipe:
   step_price: float = _spec(STEP_PRICE, kind="float", low=0.0, low_inclusive=False)
   noise_batch_exponent: float = _spec(NOISE_BATCH_EXPONENT, kind="float", low=0.0, high=1.0)
   noise_of: str = _spec("auto", kind="str", choices=NOISE_OF)
+  batch_schedule: str = _spec("none", kind="str", choices=("none",) + BATCH_SCHEDULES)
+  batch_schedule_options: Mapping[str, Any] = _spec(kind="mapping")
+  adam_scaling: tuple[str, ...] = _spec((), kind="str_tuple")
   rationale: Mapping[str, str] = _spec(kind="mapping")
 
   def __post_init__(self):
@@ -248,7 +266,16 @@ class Recipe:
         raise ValueError(f"decay_epochs must be increasing; got {self.decay_epochs}.")
     if self.adaptive:
       check_range("base_batch_size", self.base_batch_size, low=1, high=self.batch_size)
-    elif self.grow_batch:
+    self._check_batch_schedule()
+    adam_scaling.check_rules(self.adam_scaling, self.optimizer)
+    if self.measured_noise_of == "adam_step" and {"b2", "eps"} & set(self.adam_scaling):
+      raise ValueError("noise_of='adam_step' reads Adam's preconditioner with the recipe's b2 and "
+                       "eps; adam_scaling's 'b2' and 'eps' change them at every step: use one.")
+    if self.adam_scaling and not self.adaptive:
+      raise ValueError(f"adam_scaling={self.adam_scaling} is applied step by step by DATE's "
+                       f"engine or a batch schedule (base_batch_size set); a static plan writes "
+                       f"the scaled b2, eps and weight_decay into the recipe instead.")
+    if not self.adaptive and self.grow_batch:
       raise ValueError("grow_batch=True needs an adaptive recipe (base_batch_size set): "
                        "plan(baseline, max_batch, 'adaptive', grow_batch=True).")
     self._check_noise_of()
@@ -262,6 +289,21 @@ class Recipe:
       raise ValueError(
           f"warmup_epochs={self.warmup_epochs} rounds to {self.warmup_steps} "
           f"steps, not fewer than the {self.total_steps} training steps.")
+
+  def _check_batch_schedule(self) -> None:
+    """A field batch schedule counts baseline steps and has its own options."""
+    if not self.scheduled:
+      if self.batch_schedule_options:
+        raise ValueError(f"batch_schedule_options={dict(self.batch_schedule_options)} needs a "
+                         f"batch_schedule (one of {', '.join(BATCH_SCHEDULES)}).")
+      return
+    if not self.adaptive or self.grow_batch:
+      raise ValueError(f"batch_schedule={self.batch_schedule!r} needs base_batch_size set and "
+                       f"grow_batch=False: plan(baseline, max_batch, {self.batch_schedule!r}).")
+    wanted = SCHEDULE_OPTIONS[self.batch_schedule]
+    if sorted(self.batch_schedule_options) != sorted(wanted):
+      raise ValueError(f"batch_schedule_options of {self.batch_schedule!r} must hold exactly "
+                       f"{', '.join(wanted)}; got {dict(self.batch_schedule_options)}.")
 
   def _check_noise_of(self) -> None:
     if self.noise_of == "adam_step" and self.optimizer not in ADAM_STEP_OPTIMIZERS:
@@ -314,6 +356,11 @@ class Recipe:
     return self.base_batch_size is not None
 
   @property
+  def scheduled(self) -> bool:
+    """Whether the batch follows one of the field's fixed schedules (`batch_schedule`)."""
+    return self.batch_schedule != "none"
+
+  @property
   def schedule_batch_size(self) -> int:
     """The batch size whose steps the LR schedule counts (B0 when adaptive)."""
     return self.base_batch_size if self.adaptive else self.batch_size
@@ -354,7 +401,11 @@ class Recipe:
     """Names of the fields this recipe's optimizer family and decay read."""
     used = set(_ALWAYS_USED) | set(_OPTIMIZER_FIELDS[self.optimizer])
     used |= set(_DECAY_FIELDS[self.decay])
-    if self.adaptive:
+    if self.adam_scaling:
+      used.add("adam_scaling")
+    if self.scheduled:
+      used |= {"base_batch_size", "batch_schedule", "batch_schedule_options"}
+    elif self.adaptive:
       used |= set(_ADAPTIVE_FIELDS)
     if self.grow_batch:
       used |= {"step_price", "noise_batch_exponent"}

@@ -11,6 +11,8 @@ reports them all).
   python -m dateopt.study                        # both workloads, the full grid
   python -m dateopt.study --workload lstm --quick --outdir runs/study_quick
   python -m dateopt.study --report-only          # tables and plots from cells.jsonl
+  python -m dateopt.study --compare --workload lstm --outdir docs/schedule_study
+                                                 # DATE against the field's batch schedules
 
 (`python scripts/scaling_study.py` is the same command.)
 """
@@ -28,7 +30,8 @@ import jax
 from absl import logging
 
 from dateopt import configs as configs_lib
-from dateopt.study import cells, figures, report as report_lib
+from dateopt.metrics_io import read_metrics
+from dateopt.study import cells, compare, figures, report as report_lib
 from dateopt.study.runner import Study
 
 WORKLOADS = {
@@ -58,6 +61,15 @@ def parse_args(argv=None):
   parser.add_argument("--quick", action="store_true",
                       help=f"batches B0·{QUICK_MULTIPLES}, 1 seed, a {QUICK_BASE_STEPS}-step "
                            "baseline: a smoke test of the whole pipeline")
+  parser.add_argument("--compare", action="store_true",
+                      help="DATE against the field's batch schedules at the largest of "
+                           "--multiples (dateopt.study.compare): each method's sweep, 3 seeds "
+                           "of its best run; use its own --outdir")
+  parser.add_argument("--methods", default=None,
+                      help="--compare: comma-separated subset of "
+                           f"{','.join(compare.METHODS)} (default: all)")
+  parser.add_argument("--budgets", default="1,2,3",
+                      help="--compare: the swept methods' budgets, in examples × the baseline's")
   parser.add_argument("--report-only", action="store_true",
                       help="no training: tables and plots from the finished runs")
   parser.add_argument("--figures", default=None, help="also copy the PNGs to this folder")
@@ -65,6 +77,9 @@ def parse_args(argv=None):
   parser.add_argument("--signal-decay", type=float, default=None,
                       help="every run's config.signal_decay: the |G|^2 EMA's decay per step "
                            "(default: the configs'); use a fresh --outdir")
+  parser.add_argument("--adam-scaling", default=None,
+                      help="every plan's adam_scaling (dateopt.date.adam_scaling: b2, eps, "
+                           "weight_decay, comma-separated); use a fresh --outdir")
   return parser.parse_args(argv)
 
 
@@ -99,6 +114,10 @@ def workload_configs(args):
   if args.signal_decay is not None:
     for config in configs.values():
       config.signal_decay = args.signal_decay
+  if args.adam_scaling:
+    for config in configs.values():
+      config.plan = dict(config.plan.to_dict(),
+                         adam_scaling=tuple(r for r in args.adam_scaling.split(",") if r))
   return configs
 
 
@@ -168,11 +187,85 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
           [r for r in rows if r["workload"] == workload],
           os.path.join(outdir, f"{workload}_pareto.png"),
           title=f"{workload}: DATE's steps against examples, fixed and grown batches"))
-    if copy_to:
-      os.makedirs(copy_to, exist_ok=True)
-      for path in paths:
-        shutil.copy(path, os.path.join(copy_to, f"study_{os.path.basename(path)}"))
+    _copy_figures(paths, copy_to, prefix="study_")
   return text
+
+
+def _copy_figures(paths, copy_to: str | None, *, prefix: str) -> None:
+  """--figures: the PNGs copied there, each name with `prefix`."""
+  if not copy_to:
+    return
+  os.makedirs(copy_to, exist_ok=True)
+  for path in paths:
+    shutil.copy(path, os.path.join(copy_to, prefix + os.path.basename(path)))
+
+
+def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
+  """--compare: results.csv, results.md and one frontier figure per workload; the text."""
+  rows = [_with_health(runner, row) for row in runner.rows()
+          if row["workload"] in runner.configs]
+  if not rows:
+    raise SystemExit(f"no finished runs in {runner.results_path}")
+  report_lib.write_csv(rows, os.path.join(outdir, "results.csv"),
+                       columns=cells.CSV_COLUMNS[:4] + ("setting", "budget")
+                       + cells.CSV_COLUMNS[4:])
+  multiple = max((r["multiple"] for r in rows), default=1)
+  entries = compare.summarize_comparison(rows, multiple)
+  text = compare.comparison_report(entries)
+  health = compare.health_report(rows)
+  text += "\n\n#### Each run's log: guard skips, peak LR applied, the loss's trend at the end\n\n"
+  text += health
+  machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+  text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
+  with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  for workload in sorted({r["workload"] for r in rows}):
+    mine = [r for r in rows if r["workload"] == workload]
+    bar = compare.quality_bar(rows, workload)
+    what = "validation loss ≤ baseline + 1%" if "final_loss" in mine[0] else (
+        "accuracy ≥ baseline − 1 point")
+    paths = [figures.plot_schedule_frontiers(
+        mine, os.path.join(outdir, f"{workload}_frontiers.png"), bar=bar,
+        title=f"{workload}: steps against examples, every method (filled: {what})")]
+    best = [r["key"] for r in mine if r["strategy"] in ("baseline", "adaptive_grow")
+            and r["seed"] == 0]
+    best += [b["key"] for b in (compare.best_run(rows, workload, m) for m in compare.SWEEPS)
+             if b is not None]
+    paths.append(figures.plot_best_run_curves(
+        mine, best, os.path.join(outdir, f"{workload}_curves.png"),
+        title=f"{workload}: each method's best run, evaluated along the way"))
+    _copy_figures(paths, copy_to, prefix="compare_")
+  return text
+
+
+def _with_health(runner: Study, row: dict) -> dict:
+  """`row` with its run's health (`cells.run_health`), read from its workdir's metrics where
+  the row predates those fields and the workdir is still there."""
+  if "peak_lr" in row:
+    return row
+  cell = cells.Cell(row["workload"], row["strategy"], row["multiple"], row["seed"],
+                    row.get("setting", ""), float(row.get("budget", 1.0)))
+  metrics = os.path.join(runner.workdir(cell), "metrics.jsonl")
+  if not os.path.exists(metrics):
+    return row
+  return dict(row, **cells.run_health(read_metrics(metrics)))
+
+
+def run_comparison(args, configs, runner: Study) -> None:
+  """--compare: the sweep, then the other seeds of each method's best run."""
+  methods = args.methods.split(",") if args.methods else compare.METHODS
+  unknown = sorted(set(methods) - set(compare.METHODS))
+  if unknown:
+    raise SystemExit(f"--methods: unknown {unknown}; known: {', '.join(compare.METHODS)}")
+  multiple = max(int(k) for k in args.multiples.split(","))
+  seeds = tuple(range(max(args.seeds, 1)))
+  budgets = tuple(float(b) for b in args.budgets.split(","))
+  runner.run(compare.comparison_grid(list(configs), multiple=multiple, seeds=seeds,
+                                     budgets=budgets, methods=methods),
+             progress=not args.no_progress)
+  extra = [c for c in compare.reseeded(runner.rows(), seeds=seeds[1:])
+           if c.workload in configs and c.strategy in methods]
+  runner.run(extra, progress=not args.no_progress)
 
 
 def main(argv=None):
@@ -189,6 +282,12 @@ def main(argv=None):
     dropped = runner.forget([s for s in args.rerun.split(",") if s])
     print(f"dropped {dropped} finished runs of {args.rerun} (kept in cells.jsonl.bak)")
   started = time.perf_counter()
+  if args.compare:
+    if not args.report_only:
+      run_comparison(args, configs, runner)
+    text = compare_report(report_study(args, runner), args.outdir, args.figures)
+    print("\n" + text)
+    return 0
   if not args.report_only:
     strategies = args.strategies.split(",") if args.strategies else cells.DEFAULT_STRATEGIES
     todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)

@@ -40,10 +40,19 @@ STRATEGIES: dict[str, str] = {
     "sqrt": "sqrt, no LEGW warmup",
     "none": "no scaling",
     "legw_date_steps": "static LEGW at DATE's steps",
+    # The field's batch schedules (`dateopt.date.batch_schedules`), asked for by name or by
+    # the comparison grid (`dateopt.study.compare`).
+    "linear_ramp": "linear ramp (Megatron-LM)",
+    "doubling": "doubling, √ LR (OLMo-core)",
+    "seesaw": "Seesaw",
+    "batch_for_decay": "batch for decay (Smith et al.)",
 }
+FIELD_SCHEDULES = ("linear_ramp", "doubling", "seesaw", "batch_for_decay")
 STATIC_RULES = ("legw", "linear", "sqrt", "none")
-# The recorded grid; the grown batch (adaptive_grow) is asked for by name (--strategies).
-DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES if s != "adaptive_grow")
+# The recorded grid; the grown batch (adaptive_grow) and the field's schedules are asked for
+# by name (--strategies, --compare).
+DEFAULT_STRATEGIES = tuple(s for s in STRATEGIES
+                           if s != "adaptive_grow" and s not in FIELD_SCHEDULES)
 # DATE's strategies: every seed runs, and the baseline's noise scale predicts their steps.
 ADAPTIVE_STRATEGIES = ("adaptive", "adaptive_grow")
 
@@ -61,16 +70,38 @@ CSV_COLUMNS = ("workload", "batch", "multiple", "strategy", "seed", "steps", "ex
 
 @dataclasses.dataclass(frozen=True)
 class Cell:
-  """One run of the grid: a workload, a strategy, a batch multiple k and a seed."""
+  """One run of the grid: a workload, a strategy, a batch multiple k and a seed; for a
+  strategy with free parameters, its `setting` ("ramp0.2": the ramp over 20% of the
+  examples; "start16x": the first batch 16 × B0) and `budget` (examples × the baseline's)."""
 
   workload: str
   strategy: str
   multiple: int
   seed: int
+  setting: str = ""
+  budget: float = 1.0
 
   @property
   def key(self) -> str:
-    return f"{self.workload}/{self.strategy}/{self.multiple}x/seed{self.seed}"
+    setting = f"/{self.setting}" if self.setting else ""
+    budget = f"/budget{self.budget:g}x" if self.budget != 1.0 else ""
+    return f"{self.workload}/{self.strategy}/{self.multiple}x{setting}{budget}/seed{self.seed}"
+
+
+def setting_options(setting: str, base_batch_size: int) -> dict[str, Any]:
+  """A cell's `setting` as `date.plan`'s `schedule_options`.
+
+  Example:
+    >>> setting_options("ramp0.2", 32), setting_options("start16x", 32)
+    ({'ramp_share': 0.2}, {'start_batch': 512})
+  """
+  if not setting:
+    return {}
+  if setting.startswith("ramp"):
+    return {"ramp_share": float(setting[len("ramp"):])}
+  if setting.startswith("start") and setting.endswith("x"):
+    return {"start_batch": base_batch_size * int(setting[len("start"):-1])}
+  raise ValueError(f"setting={setting!r}: expected 'ramp<share>' or 'start<k>x'.")
 
 
 def grid(workloads: Sequence[str], *, multiples: Sequence[int] = MULTIPLES,
@@ -211,7 +242,16 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       config.baseline = dict(config.baseline.to_dict(),
                              num_epochs=date_steps * config.batch_size / num_train_examples)
       expected_steps = date_steps
+    if cell.strategy in FIELD_SCHEDULES:
+      plan["schedule_options"] = setting_options(cell.setting, base_batch)
+    if "adam_scaling" in config.plan:  # the Adam family's rules, for every strategy's plan
+      plan["adam_scaling"] = tuple(config.plan.adam_scaling)
+    if cell.budget != 1.0:
+      plan["budget"] = cell.budget
     config.plan = plan
+    if cell.strategy in FIELD_SCHEDULES or cell.budget != 1.0:  # the steps the plan fixes
+      _, recipe = train.plan_recipe(config, num_train_examples)
+      expected_steps = date.plan_predicted_steps(recipe, None)
     if "noise_scale" in plan:  # DATE's steps, as its plan predicts them
       _, recipe = train.plan_recipe(config, num_train_examples)
       expected_steps = date.plan_predicted_steps(recipe, plan["noise_scale"])
@@ -242,10 +282,29 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
       "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
       "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
       "noise_scale_median": finite_median(noise),
+      **run_health(metric_rows),
       "noise_scales": noise if cell.strategy == "baseline" else [],
       "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
       **language_model_row(result, metric_rows),
   }
+
+
+def run_health(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+  """What a run's metrics say of its health: the peak LR it applied, and its mean logged
+  training loss over the last quarter of the run ÷ that over the third (`loss_trend`: ≤ 1
+  still falling or flat at the end; above 1, it rose again).
+
+  Example:
+    >>> run_health([{"train/learning_rate": 0.1, "train/loss": v} for v in (4, 3, 2, 1)])
+    {'peak_lr': 0.1, 'loss_trend': 0.5}
+  """
+  lrs = [r["train/learning_rate"] for r in metric_rows
+         if r.get("train/learning_rate") is not None]
+  losses = [r["train/loss"] for r in metric_rows if r.get("train/loss") is not None]
+  quarter = len(losses) // 4
+  trend = (statistics.mean(losses[-quarter:]) / statistics.mean(losses[-2 * quarter:-quarter])
+           if quarter else math.nan)
+  return {"peak_lr": max(lrs, default=math.nan), "loss_trend": trend}
 
 
 def language_model_row(result, metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -201,3 +201,70 @@ def plot_growth_pareto(rows: Sequence[Mapping], path: str, *, title: str | None 
   ax.set_xlabel("training examples processed (run to its end)")
   ax.set_ylabel("optimizer steps (run to its end)")
   return _save(fig, ax, path, title)
+
+
+def plot_schedule_frontiers(rows: Sequence[Mapping], path: str, *, bar: float,
+                            title: str | None = None) -> str:
+  """Steps against examples of every method in the batch-schedule comparison, one workload.
+
+  Each run is a marker (filled: at the quality `bar`, `dateopt.study.compare.quality`;
+  hollow: below it, shown, not dropped); each method's runs at the bar are joined into
+  its lower envelope. DATE grown's runs are the large markers.
+
+  Example:
+    >>> plot_schedule_frontiers(rows, "lstm_frontiers.png", bar=0.982)
+  """
+  from dateopt.study.compare import METHODS, envelope, quality  # the comparison's rules
+
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+  markers = dict(zip(("baseline",) + METHODS, "s^ovDPX*h"))
+  for method in ("baseline",) + METHODS:
+    runs = [r for r in rows if r["strategy"] == method]
+    if not runs:
+      continue
+    passing = [r for r in runs if quality(r) >= bar]
+    color = ax.plot([], [])[0].get_color()  # the next colour of the cycle, for both marks
+    size = 70 if method == "adaptive_grow" else 30
+    ax.scatter([r["examples"] for r in passing], [r["steps"] for r in passing],
+               marker=markers[method], s=size, color=color, label=STRATEGIES[method])
+    failing = [r for r in runs if quality(r) < bar]
+    ax.scatter([r["examples"] for r in failing], [r["steps"] for r in failing],
+               marker=markers[method], s=size, facecolors="none", edgecolors=color)
+    frontier = envelope([(r["examples"], r["steps"]) for r in passing])
+    if len(frontier) > 1:
+      ax.plot(*zip(*frontier), "-", color=color, linewidth=1.0, alpha=0.8)
+  ax.set_xscale("log")
+  ax.set_yscale("log")
+  ax.set_xlabel("training examples processed (run to its end)")
+  ax.set_ylabel("optimizer steps (run to its end)")
+  ax.scatter([], [], marker="s", facecolors="none", edgecolors="gray",
+             label="hollow marks: below the quality bar")
+  return _save(fig, ax, path, title)
+
+
+def plot_best_run_curves(rows: Sequence[Mapping], best_keys: Sequence[str], path: str, *,
+                         title: str | None = None) -> str:
+  """The evaluation curve (accuracy, or validation loss for a language model) of each
+  method's best run against its steps: a run that ran hot or stalled shows here.
+
+  Example:
+    >>> plot_best_run_curves(rows, ["lstm/seesaw/64x/start16x/seed0"], "curves.png")
+  """
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+  for row in (r for r in rows if r["key"] in best_keys):
+    values = row.get("eval_loss") if "final_loss" in row else row["eval_accuracy"]
+    points = [(s, v) for s, v in zip(row["eval_steps"], values or []) if v is not None]
+    if points:
+      ax.plot(*zip(*points), marker=".", linewidth=1.0,
+              label=f"{STRATEGIES[row['strategy']]}: {row['key'].split('/', 2)[2]}")
+  ax.set_xscale("log")
+  ax.set_xlabel("optimizer step")
+  is_loss = any("final_loss" in r for r in rows)
+  ax.set_ylabel("validation loss (nats)" if is_loss else "evaluation accuracy")
+  if not is_loss:
+    ax.set_ylim(bottom=max(0.0, min((v for r in rows if r["key"] in best_keys
+                                     for v in r["eval_accuracy"] if v is not None),
+                                    default=0.0)))
+  return _save(fig, ax, path, title)

@@ -147,17 +147,19 @@ def _loss_bar(entry: Mapping[str, Any], baseline: Mapping[str, Any]) -> str:
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str,
-              tolerance: float = BAR_TOLERANCE) -> str:
-  """Every run, one line each (`CSV_COLUMNS`); returns `path`."""
+              tolerance: float = BAR_TOLERANCE, *, columns: Sequence[str] = CSV_COLUMNS
+              ) -> str:
+  """Every run, one line each (`columns`, by default `CSV_COLUMNS`); returns `path`."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   targets = _targets(rows, tolerance)
   with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+    writer = csv.DictWriter(f, fieldnames=list(columns))
     writer.writeheader()
     for row in sorted(rows, key=lambda r: (r["workload"], list(STRATEGIES).index(r["strategy"]),
-                                           r["multiple"], r["seed"])):
+                                           r["multiple"], r.get("setting", ""),
+                                           r.get("budget", 1.0), r["seed"])):
       target = targets[row["workload"]]
-      out = {column: row.get(column) for column in CSV_COLUMNS}
+      out = {column: row.get(column) for column in columns}
       out["steps_to_target"] = steps_to_target(row, target)
       writer.writerow(out)
   return path

@@ -53,11 +53,13 @@ class Experiment:
   # The batches a run trains at: (recipe.batch_size,), or a growing recipe's ladder.
   batch_sizes: tuple[int, ...] = ()
   layout: BatchLayout | None = None  # how each of them splits (devices, micro-batches, groups)
+  # A field batch schedule (`recipe.scheduled`), its batches rounded to the layout.
+  batch_schedule: date.BatchSchedule | None = None
 
   @property
   def grows(self) -> bool:
-    """Whether the batch grows (DATE adaptive with `grow_batch`)."""
-    return self.recipe.grow_batch
+    """Whether the batch grows: DATE adaptive with `grow_batch`, or a field batch schedule."""
+    return self.recipe.grow_batch or self.recipe.scheduled
 
   @property
   def compiles_rungs_ahead(self) -> bool:
@@ -102,19 +104,33 @@ def plan_recipe(config: ml_collections.ConfigDict, num_examples: int
     return baseline, baseline
   try:
     planned = date.plan(baseline, int(config.batch_size), config.strategy,
-                        **config_lib.to_dict(config.plan))
+                        **_plan_kwargs(config))
   except TypeError as error:  # an unknown keyword in config.plan
     raise ValueError(f"config.plan: {error}") from error
   return baseline, planned
 
 
+def _plan_kwargs(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """`config.plan` as `date.plan`'s keywords; a batch schedule's options may sit in it flat
+  (`--config.plan.start_batch=512`: a flag cannot add a nested key) or in `schedule_options`."""
+  kwargs = config_lib.to_dict(config.plan)
+  flat = {k: kwargs.pop(k) for k in date.batch_schedules.USER_OPTIONS if k in kwargs}
+  if flat:
+    kwargs["schedule_options"] = dict(kwargs.get("schedule_options") or {}, **flat)
+  return kwargs
+
+
 def _check_nothing_needs_a_target(config: ml_collections.ConfigDict,
                                   baseline: date.Recipe) -> None:
   """Raises ValueError when `config.batch_size=None` (the baseline as it is) would ignore
-  what the config asks for: DATE's adaptive strategy or a growing batch plan a target batch."""
-  ignored = (["config.strategy='adaptive'"] if config.strategy == "adaptive" else []) + (
-      ["config.plan.grow_batch=True"] if config_lib.to_dict(config.plan).get("grow_batch")
-      else [])
+  what the config asks for: DATE's adaptive strategy, a growing batch, a batch schedule or a
+  budget plan a target batch."""
+  plan = config_lib.to_dict(config.plan)
+  dynamic = config.strategy == "adaptive" or config.strategy in date.BATCH_SCHEDULES
+  ignored = ([f"config.strategy={config.strategy!r}"] if dynamic else []) + [
+      f"config.plan.{key}" for key in ("grow_batch", "budget", "schedule_options",
+                                       *date.batch_schedules.USER_OPTIONS)
+      if plan.get(key) not in (None, False) and not (key == "budget" and plan[key] == 1)]
   if ignored:
     raise ValueError(
         f"config.batch_size=None trains the baseline as it is, at its batch of "
@@ -161,11 +177,16 @@ def build_experiment(config: ml_collections.ConfigDict,
   mesh = parallel.make_mesh(devices)
   batch_field = "config.batch_size" if config.batch_size is not None else "config.baseline.batch_size"
   layout = BatchLayout.from_config(config, mesh.size, gradient_groups(config))
-  batch_sizes = _batch_sizes(recipe, layout, batch_field)
+  schedule = _batch_schedule(recipe, layout, batch_field)
+  batch_sizes = schedule.batch_sizes if schedule else _batch_sizes(recipe, layout, batch_field)
   recipe = _with_ladder_noted(recipe, batch_sizes, layout)
+  if schedule is not None and schedule != date.batch_schedule_of(recipe):
+    recipe = recipe.replace(rationale=dict(recipe.rationale) | {
+        "batch schedule": f"{schedule.describe()} (rounded to the batch layout's quantum of "
+                          f"{layout.quantum}: {layout.quantum_reason()})"})
   for batch_size in batch_sizes:
     layout.check(batch_field, batch_size)
-  if recipe.adaptive and layout.grad_groups < 2:
+  if recipe.adaptive and not recipe.scheduled and layout.grad_groups < 2:
     raise ValueError(f"config.strategy='adaptive' measures the gradient noise scale over "
                      f"gradient groups: set config.grad_groups >= 2 (got {config.grad_groups}).")
   microbatch_size = layout.sizes(recipe.batch_size)["per_microbatch"]
@@ -187,7 +208,22 @@ def build_experiment(config: ml_collections.ConfigDict,
   return Experiment(config, dataset, model, baseline, recipe, mesh, num_steps, eval_batch_size,
                     polish=settings,
                     final_epochs_steps=_final_epochs_steps(settings, baseline, recipe, num_steps),
-                    batch_sizes=batch_sizes, layout=layout)
+                    batch_sizes=batch_sizes, layout=layout, batch_schedule=schedule)
+
+
+def _batch_schedule(recipe: date.Recipe, layout: BatchLayout, batch_field: str
+                    ) -> date.BatchSchedule | None:
+  """A field batch schedule's batches, each rounded up to the layout's quantum."""
+  if not recipe.scheduled:
+    return None
+  if recipe.batch_size % layout.quantum:
+    raise ValueError(f"{batch_field}={recipe.batch_size}, the batch schedule's largest, must be "
+                     f"a multiple of {layout.quantum} (devices x grad_accum_steps x grad_groups "
+                     f"and the batch-norm group, as each of its batches is).")
+  if recipe.total_steps * recipe.base_batch_size + recipe.batch_size >= 2 ** 31:
+    raise ValueError(f"{batch_field}: the budget of {recipe.total_steps} baseline steps serves "
+                     f"2^31 examples or more, past the data position's int32.")
+  return date.batch_schedule_of(recipe, multiple_of=layout.quantum)
 
 
 def _batch_sizes(recipe: date.Recipe, layout: BatchLayout, batch_field: str
@@ -248,10 +284,13 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
 
 
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
-                    batch_sizes: Sequence[int] | None = None):
+                    batch_sizes: Sequence[int] | None = None, *,
+                    batch_schedule: date.BatchSchedule | None = None):
   """DATE's optimizer for the recipe, with noise scale, statistics and guard as configured.
 
-  `batch_sizes`: a growing recipe's ladder (`Experiment.batch_sizes`).
+  `batch_sizes`: a growing recipe's ladder (`Experiment.batch_sizes`);
+  `batch_schedule`: a field batch schedule as the layout rounds it
+  (`Experiment.batch_schedule`).
   """
   # The noise EMAs keep their horizons in steps however often the noise is measured.
   noise_decay = 0.99 ** config.measure_every_steps
@@ -260,9 +299,10 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
   signal_decay = config.signal_decay ** config.measure_every_steps
   check_range("config.divergence_patience", config.divergence_patience, low=0)
   tx, schedule = date.build(recipe, noise_decay=noise_decay, signal_decay=signal_decay,
-                            batch_sizes=batch_sizes,
+                            batch_sizes=batch_sizes, batch_schedule=batch_schedule,
                             divergence_patience=config.divergence_patience or None)
-  if not recipe.adaptive and gradient_groups(config) > 1:  # adaptive keeps its own EMAs
+  # The adaptive engine keeps its own EMAs; the others measure only to log the noise.
+  if (not recipe.adaptive or recipe.scheduled) and gradient_groups(config) > 1:
     tx = date.measure_noise_scale(tx, noise_decay=noise_decay, signal_decay=signal_decay)
   if config.guard:
     try:

@@ -258,6 +258,10 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
     out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
+  scheduled = optax.tree.get(opt_state, date.BatchScheduleState.__name__)
+  if scheduled is not None:  # a field batch schedule: its progress and next batch
+    out["date/progress"] = scheduled.progress
+    out["date/batch_size"] = scheduled.batch_size
   guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
   if guard is not None:
     out["guard/lr_multiplier"] = guard.lr_multiplier

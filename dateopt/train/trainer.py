@@ -102,7 +102,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       workdirs.require_packages(workdirs.as_path(workdir))
     with startup(ValueError, TypeError, FileNotFoundError):
       exp = build_experiment(config, devices)
-      tx, _ = build_optimizer(config, exp.recipe, exp.batch_sizes)  # the LR each step applied is read from its state
+      # The LR each step applied is read from its state.
+      tx, _ = build_optimizer(config, exp.recipe, exp.batch_sizes,
+                              batch_schedule=exp.batch_schedule)
     lock = claim_workdir(workdir, jax.process_index() == 0, exp)
     stops.on_exit_now.append(lambda: workdir_lock.release(lock))  # a signal inside a compile
     try:
@@ -152,7 +154,8 @@ def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int,
     summary["tokens"] = examples * exp.dataset.tokens_per_example
   loop.writer.write(steps_taken, {f"run/{k}": v for k, v in summary.items()})
   if jax.process_index() == 0 and exp.grows:
-    print(f"DATE grew the batch to {loop.largest_batch:,} (ladder {list(exp.batch_sizes)}): "
+    who = (f"The {exp.recipe.batch_schedule} schedule" if exp.recipe.scheduled else "DATE")
+    print(f"{who} grew the batch to {loop.largest_batch:,} (ladder {list(exp.batch_sizes)}): "
           f"{steps_taken:,} steps, {_data_amount(examples, summary.get('tokens'))} = "
           f"{summary['examples_vs_baseline']:.2f} x the baseline's, {compilations} train-step "
           f"compilations.", flush=True)
