@@ -310,7 +310,7 @@ def test_a_schedule_without_a_target_batch_is_refused_not_ignored():
   from dateopt import train
   config = _doubling_config(batch_size=None)
   with pytest.raises(ValueError, match="would ignore config.strategy='doubling' and "
-                                       "config.plan.schedule_options"):
+                                       "config.plan.schedule_options=\\{'ramp_share': 0.5\\}"):
     train.build_experiment(config)
 
 

@@ -128,8 +128,8 @@ def _check_nothing_needs_a_target(config: ml_collections.ConfigDict,
   plan = config_lib.to_dict(config.plan)
   dynamic = config.strategy == "adaptive" or config.strategy in date.BATCH_SCHEDULES
   ignored = ([f"config.strategy={config.strategy!r}"] if dynamic else []) + [
-      f"config.plan.{key}" for key in ("grow_batch", "budget", "schedule_options",
-                                       *date.batch_schedules.USER_OPTIONS)
+      f"config.plan.{key}={plan[key]!r}" for key in ("grow_batch", "budget", "schedule_options",
+                                                      *date.batch_schedules.USER_OPTIONS)
       if plan.get(key) not in (None, False) and not (key == "budget" and plan[key] == 1)]
   if ignored:
     raise ValueError(
