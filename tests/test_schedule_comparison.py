@@ -119,6 +119,9 @@ def test_the_verdict_needs_date_grown_at_the_bar_and_counts_only_the_largest_bat
             for r in _rows()]
   text = compare.comparison_report(compare.summarize_comparison(missed))
   assert "DATE grown misses the quality bar (0 of its 3 runs at it)" in text
+  alone = [r for r in _rows() if r["strategy"] in ("baseline", "adaptive_grow")]
+  text = compare.comparison_report(compare.summarize_comparison(alone))
+  assert "nothing to compare DATE grown with" in text
 
 
 def test_the_frontier_figure_is_written(tmp_path):

@@ -260,6 +260,8 @@ def _verdict(rows: Sequence[Mapping[str, Any]]) -> str:
     return (f"DATE grown misses the quality bar ({grown['at_bar']} of its {grown['runs']} runs "
             f"at it): no comparison of steps holds.")
   others = [e for e in rows if e["method"] not in ("baseline", "adaptive_grow")]
+  if not others:
+    return "No other method has finished runs here: nothing to compare DATE grown with."
   compared = [e for e in others if e["date_over_frontier"] is not None]
   beaten = [e["label"] for e in compared if e["date_over_frontier"] > STEP_RATIO_BAR]
   dominating = sorted({key for e in others for key in e["dominates_date"]})
