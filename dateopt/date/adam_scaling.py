@@ -58,17 +58,13 @@ def check_rules(rules: Sequence[str], optimizer: str) -> tuple[str, ...]:
 def rung_hyperparams(rules: Sequence[str], *, b1: float, b2: float, eps: float,
                      weight_decay: float) -> Callable[..., dict]:
   """`fn(k, lr_factor) -> {name: value}`: the scaled hyper-parameters at batch k·B0 and LR
-  η'/η = `lr_factor` (numbers or jax arrays), for `optax.inject_hyperparams` to set."""
+  η'/η = `lr_factor` (numbers or jax arrays), float32 arrays for `optax.inject_hyperparams`."""
 
   def at(k, lr_factor):
-    out = {}
-    if "b2" in rules:
-      out["b2"] = jnp.maximum(jnp.power(jnp.float32(b2), k), jnp.float32(min(b1, b2)))
-    if "eps" in rules:
-      out["eps"] = eps / jnp.sqrt(jnp.asarray(k, jnp.float32))
-    if "weight_decay" in rules:
-      out["weight_decay"] = weight_decay * jnp.asarray(k, jnp.float32) / lr_factor
-    return out
+    k = jnp.asarray(k, jnp.float32)
+    scaled = _scaled(rules, k, lr_factor, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                     maximum=jnp.maximum, sqrt=jnp.sqrt)
+    return {name: jnp.asarray(value, jnp.float32) for name, value in scaled.items()}
 
   return at
 
@@ -82,11 +78,17 @@ def planned_values(rules: Sequence[str], *, k: float, lr_factor: float, b1: floa
     ...                eps=1e-8, weight_decay=0.1)
     {'b2': 0.9, 'weight_decay': 0.8}
   """
+  return _scaled(rules, k, lr_factor, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                 maximum=max, sqrt=math.sqrt)
+
+
+def _scaled(rules, k, lr_factor, *, b1, b2, eps, weight_decay, maximum, sqrt) -> dict:
+  """The three rules, once, on floats (`max`, `math.sqrt`) or jax arrays (`jnp`'s)."""
   out = {}
   if "b2" in rules:
-    out["b2"] = max(b2 ** k, min(b1, b2))
+    out["b2"] = maximum(b2 ** k, min(b1, b2))
   if "eps" in rules:
-    out["eps"] = eps / math.sqrt(k)
+    out["eps"] = eps / sqrt(k)
   if "weight_decay" in rules:
     out["weight_decay"] = weight_decay * k / lr_factor
   return out

@@ -31,7 +31,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dateopt.study.cells import BAR_TOLERANCE, STRATEGIES, Cell
+from dateopt.study.cells import BAR_TOLERANCE, STRATEGIES, Cell, setting_options
 
 #: Each method with free parameters: its main parameter's settings (`Cell.setting`).
 SWEEPS: dict[str, tuple[str, ...]] = {
@@ -68,7 +68,7 @@ def comparison_grid(workloads: Sequence[str], *, multiple: int = 64,
 
 def _fits(setting: str, multiple: int) -> bool:
   """Whether a first batch of `setting` ("start16x") is within the largest batch."""
-  return not setting.startswith("start") or int(setting[len("start"):-1]) <= multiple
+  return setting_options(setting, 1).get("start_batch", 1) <= multiple
 
 
 def quality(row: Mapping[str, Any]) -> float:
