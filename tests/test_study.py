@@ -583,3 +583,25 @@ def test_profile_report_reads_each_runs_metrics(tmp_path):
   assert table[2] == ("| DATE grown to 4x, 1 seeds | 5 | 10 | 15 | 20 | 0.500 | 0.250 | 0.167 "
                       "| 0.125 |")  # after the fixed batch of the same k
   assert len(table) == 3
+
+
+def test_the_study_language_model_is_the_main_jobs_recipe_with_two_blocks_and_half_its_tokens():
+  import jax  # pylint: disable=import-outside-toplevel
+  from dateopt.models.transformer import make_transformer_lm  # pylint: disable=import-outside-toplevel
+  main, small = configs.load("lm_shakespeare"), configs.load(study_main.WORKLOADS["lm"])
+  assert (small.dataset, small.dataset_kwargs) == (main.dataset, main.dataset_kwargs)
+  assert small.model_kwargs.to_dict() == dict(main.model_kwargs.to_dict(), num_layers=2)
+  changed = {k for k, v in small.baseline.items() if main.baseline[k] != v}
+  assert changed == {"num_epochs", "warmup_epochs", "learning_rate", "end_value"}
+  # The same warmup share (2%) and the cosine's floor at a tenth of each tuned peak.
+  for config in (main, small):
+    b = config.baseline
+    assert b.warmup_epochs / b.num_epochs == pytest.approx(0.02)
+    assert b.end_value == pytest.approx(b.learning_rate / 10)
+  # Parameters by hand: token and position tables 256 x 128 each; a block's two LayerNorms
+  # (2 x 256), qkv 128 x 384 + 384, the projection 128 x 128 + 128, the MLP 128 x 512 + 512
+  # and 512 x 128 + 128; the final LayerNorm 256.
+  block = 2 * 256 + (128 * 384 + 384) + (128 * 128 + 128) + (128 * 512 + 512) + (512 * 128 + 128)
+  model = make_transformer_lm(vocab_size=256, **small.model_kwargs)
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32))
+  assert sum(x.size for x in jax.tree.leaves(shapes)) == 2 * 256 * 128 + 2 * block + 256 == 462_336

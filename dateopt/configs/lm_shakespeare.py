@@ -25,7 +25,7 @@ and bits per byte; the training bytes' unigram entropy is 4.81 bits per byte):
   dateopt-train --config lm_shakespeare --workdir runs/lm_sweep_b4/lr2e-3 \
       --config.baseline.learning_rate=2e-3
   python scripts/main_job.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare
-  python -m dateopt.study --workload lm --strategies baseline,legw,adaptive,adaptive_grow
+  python -m dateopt.study --workload lm   # the study's cheaper LM: study_lm_shakespeare
 """
 
 from dateopt.train import default_config

@@ -48,6 +48,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
           batch_sizes: Sequence[int] | None = None,
           divergence_patience: int | None = DIVERGENCE_PATIENCE,
           batch_schedule: BatchSchedule | None = None,
+          rules_off: Sequence[str] = (),
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
@@ -80,6 +81,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
     batch_schedule: a recipe with a field `batch_schedule`: its schedule as the
       devices round it (`batch_schedule_of(recipe, multiple_of=...)`); None:
       `batch_schedule_of(recipe)`.
+    rules_off: adaptive recipes: engine rules switched off, to measure what each buys
+      (`dateopt.date.progress.ENGINE_RULES`); default none.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -110,7 +113,8 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
                   noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=ladder,
                   step_price=recipe.step_price,
                   noise_batch_exponent=recipe.noise_batch_exponent,
-                  divergence_patience=divergence_patience, rung_hyperparams=rung_hyperparams)
+                  divergence_patience=divergence_patience, rung_hyperparams=rung_hyperparams,
+                  rules_off=rules_off)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule

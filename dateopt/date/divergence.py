@@ -98,6 +98,10 @@ FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise E
 # thousands of steps (the main job, its gradient x1000 at step 50: 74.5%, notes/divergence.md).
 GRADIENT_JUMP = 1e4
 DIVERGENCE_PATIENCE = 100  #: diverged steps in all before the engine gives up
+#: The watch's ways into a diverged phase, each of which `update_watch(rules_off=...)` can
+#: switch off: a learnt run that gives back `RELAPSE` of its gains, a loss at `BLOW_UP` × its
+#: start, and a run with no learning by `STALL_PROGRESS` of the schedule.
+DIVERGENCE_RULES = ("relapse", "blow_up", "no_learning")
 
 
 class DivergenceWatchState(NamedTuple):
@@ -156,24 +160,29 @@ def init_watch() -> DivergenceWatchState:
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
 
-def _judge(was_diverged, count, start, ema, best, progress_fraction) -> jax.Array:
+def _judge(was_diverged, count, start, ema, best, progress_fraction,
+           rules_off=frozenset()) -> jax.Array:
   """Whether the step is diverged: a rule meets a healthy run, or a diverged one has not
-  recovered (see the module docstring)."""
+  recovered (see the module docstring); a rule in `rules_off` never meets it."""
   learnt = _learnt(start, best)
   moved = best <= STALL_DROP * start
   give_back = ema - best
-  blow_up = ema >= BLOW_UP * start
-  no_learning = (progress_fraction >= STALL_PROGRESS) & (count >= STALL_STEPS) & ~moved
-  enters = (learnt & (give_back >= RELAPSE * (start - best))) | blow_up | no_learning
+  blow_up = (ema >= BLOW_UP * start) & ("blow_up" not in rules_off)
+  no_learning = ((progress_fraction >= STALL_PROGRESS) & (count >= STALL_STEPS) & ~moved
+                 & ("no_learning" not in rules_off))
+  relapse = learnt & (give_back >= RELAPSE * (start - best)) & ("relapse" not in rules_off)
+  enters = relapse | blow_up | no_learning
   stays = ~moved | (give_back > RECOVERED * (start - best)) | blow_up
   return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
 
 
 def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Array,
-                 progress_fraction: jax.Array, patience: int) -> DivergenceWatchState:
+                 progress_fraction: jax.Array, patience: int,
+                 rules_off: frozenset[str] = frozenset()) -> DivergenceWatchState:
   """The watch after the loss of engine step `step` (its count before the step).
 
-  A non-finite loss counts as diverged and leaves the statistics alone.
+  A non-finite loss counts as diverged and leaves the statistics alone. `rules_off`:
+  `DIVERGENCE_RULES` that never declare the run diverged (an ablation).
 
   Example:
     >>> watch = init_watch()
@@ -202,7 +211,7 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
               state.best)
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
   diverged = ~finite | _judge(state.diverged_steps > 0, count, start, ema, best,
-                             progress_fraction)
+                             progress_fraction, rules_off)
   starts = diverged & (state.diverged_steps == 0)
   look = diverged & (state.diverged_steps % CUT_EVERY == 0)
   # Above the blow-up level a wild loss "falls" by chance half the time: not a recovery.

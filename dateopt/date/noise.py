@@ -368,10 +368,10 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
 
 def update_noise_scale(
     state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99, *,
-    signal_decay: float | None = None
+    signal_decay: float | None = None, winsorize: bool = True
 ) -> NoiseScaleState:
-  """Folds one measurement into the EMAs, winsorized (`clip_readings`); non-finite
-  measurements are ignored.
+  """Folds one measurement into the EMAs, winsorized (`clip_readings`; `winsorize=False`:
+  as read); non-finite measurements are ignored.
 
   `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
   falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
@@ -392,8 +392,9 @@ def update_noise_scale(
   """
   grad_sq, trace = noise_estimates(sq_norms)
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
-  grad_sq, trace = clip_readings(state, grad_sq, trace, big_batch_size=sq_norms.big_batch_size,
-                                 decay=decay)
+  if winsorize:  # static
+    grad_sq, trace = clip_readings(state, grad_sq, trace,
+                                   big_batch_size=sq_norms.big_batch_size, decay=decay)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   count = state.count + ok.astype(jnp.int32)
   if signal_decay is None or signal_decay == decay:  # static: one horizon, bit for bit

@@ -97,6 +97,7 @@ import optax
 
 from dateopt.date.divergence import (
     DIVERGENCE_PATIENCE,
+    DIVERGENCE_RULES,
     DivergenceWatchState,
     adaptive_part,
     as_optax_state,
@@ -184,6 +185,28 @@ GROWTH_INTERVAL = 20
 #: Before the run has learnt, a growing batch climbs to at most this many times its first
 #: rung, with the gain held to √(B/B0); the largest rung is never reached this way.
 EARLY_RUNGS = 16
+
+#: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
+#: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
+#: are the divergence watch's ways into a diverged phase (`dateopt.date.divergence`).
+ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "bump_ceiling",
+                "climb_share", "early_climb", "credited_noise", "winsorized_readings",
+                "signal_horizon", "gradient_jump_skip") + DIVERGENCE_RULES
+
+
+def check_rules_off(rules_off: Sequence[str]) -> frozenset[str]:
+  """`rules_off` as a set of `ENGINE_RULES` names; an unknown name raises ValueError naming it.
+
+  Example:
+    >>> sorted(check_rules_off(("early_climb", "bump_ceiling")))
+    ['bump_ceiling', 'early_climb']
+  """
+  if isinstance(rules_off, str):
+    raise ValueError(f"rules_off must be a sequence of rule names, not the string "
+                     f"{rules_off!r}; allowed: {', '.join(ENGINE_RULES)}.")
+  for rule in rules_off:
+    check_choice("rules_off", rule, ENGINE_RULES)
+  return frozenset(rules_off)
 
 
 def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int = 1
@@ -300,6 +323,11 @@ def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
   return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
 
 
+def _may_climb(watch, rules_off):
+  """`may_grow_batch`, or with "climb_share" off, `has_learnt` alone."""
+  return has_learnt(watch) if "climb_share" in rules_off else may_grow_batch(watch)
+
+
 def _no_rise_off_best(gain, previous, watch, learnt):
   """The gain, not risen above the last step's while a run that has `learnt` has its loss above
   its best by more than `CLIMB_SHARE` of its gains (`may_grow_batch` false).
@@ -341,17 +369,23 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
   return jnp.where(released, jnp.inf, jnp.where(starts, previous_gain, cap))
 
 
-def _watched_gain(gain, state, watch, learnt, *, steady, healthy, step_batch, base_batch_size):
+def _watched_gain(gain, state, watch, learnt, rules_off, *, steady, healthy, step_batch,
+                  base_batch_size):
   """The gain after the watch's rules, and the bump's ceiling (`bump_ceiling`) after this step.
 
   No rise while the loss sits off its best (`_no_rise_off_best`), not past a
   bump's ceiling, and held to √(B/B0) at the step's batch B until the run has
-  learnt, at a fixed batch as on a growing one.
+  learnt, at a fixed batch as on a growing one; each but the rules in `rules_off`
+  ("climb_share", "bump_ceiling", "gain_hold_until_learnt").
   """
-  gain = _no_rise_off_best(gain, state.gain, watch, learnt)
-  cap = bump_ceiling(state.gain_cap, state.gain, watch, holding=healthy & ~steady,
-                     steady=steady)
-  gain = jnp.minimum(gain, cap)
+  if "climb_share" not in rules_off:
+    gain = _no_rise_off_best(gain, state.gain, watch, learnt)
+  cap = state.gain_cap
+  if "bump_ceiling" not in rules_off:
+    cap = bump_ceiling(cap, state.gain, watch, holding=healthy & ~steady, steady=steady)
+    gain = jnp.minimum(gain, cap)
+  if "gain_hold_until_learnt" in rules_off:
+    return gain, cap
   return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size), cap
 
 
@@ -388,6 +422,12 @@ def bounded_gain(measured, previous, trusted, *, batch_ratio=1.0, max_rise: floa
   return jnp.minimum(measured, jnp.where(trusted, cap, previous))
 
 
+def _legw_ramp(count, warmup_steps: int) -> jax.Array:
+  """LEGW's warmup at engine step `count`: min(1, (count + 1)/W), 1 without a warmup."""
+  return (jnp.minimum(1.0, (count + 1).astype(jnp.float32) / warmup_steps)
+          if warmup_steps else jnp.float32(1.0))
+
+
 def _gain_multiplier(gain: jax.Array, gain_rule: str) -> jax.Array:
   return gain if gain_rule == "linear" else jnp.sqrt(gain)
 
@@ -409,6 +449,7 @@ def adaptive(
     growth_interval: int = GROWTH_INTERVAL,
     divergence_patience: int | None = DIVERGENCE_PATIENCE,
     rung_hyperparams: Callable[..., dict] | None = None,
+    rules_off: Sequence[str] = (),
 ) -> optax.GradientTransformationExtraArgs:
   """The baseline's schedule, walked at the pace the measured noise scale allows.
 
@@ -447,6 +488,9 @@ def adaptive(
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and the LR
       factor its gain applied (`dateopt.date.adam_scaling.rung_hyperparams`).
+    rules_off: `ENGINE_RULES` switched off, to measure what each buys (an ablation;
+      "gain_rise_bound" takes the |G|² ≤ 0 hold with it, "rising_hold" the bump's
+      ceiling, which only a hold sets). Default: every rule on.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
@@ -479,6 +523,8 @@ def adaptive(
                   divergence_patience=divergence_patience)
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
   inner, set_step = injected(make_optimizer, rung_hyperparams)
+  off, noise_batch_exponent, signal_decay = _with_rules_off(rules_off, noise_batch_exponent,
+                                                            signal_decay)
 
   def init_fn(params):
     first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
@@ -494,14 +540,16 @@ def adaptive(
     watching = value is not None and divergence_patience is not None  # static
     if watching:
       watch = update_watch(watch, value, step=state.count, patience=divergence_patience,
-                           progress_fraction=state.progress / base_steps)
+                           progress_fraction=state.progress / base_steps, rules_off=off)
     healthy = watch.diverged_steps == 0
-    steady = healthy & ~loss_rising(watch)  # else the gradient's noise is the run's own
+    # A rising loss: the gradient's noise is the run's own.
+    steady = healthy if "rising_hold" in off else healthy & ~loss_rising(watch)
     # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
     # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
     finite = all_finite(updates)
     noise, jump = _measure(state.noise, grad_sq_norms, steady & finite, noise_decay=noise_decay,
-                           signal_decay=signal_decay, watched=divergence_patience is not None)
+                           signal_decay=signal_decay, rules_off=off,
+                           watched=divergence_patience is not None)
     skip = jump | ~finite
     step_batch, read = batch_size, noise
     if ladder:  # the batch this step had: the norms say it, else the one asked for
@@ -510,18 +558,14 @@ def adaptive(
                             exponent=noise_batch_exponent)
     measured = gain_from_estimates(read, base_batch_size, step_batch)
     trusted = (noise.grad_sq_ema > 0) & healthy
-    # The first GAIN_SETTLE measurements set the gain; then it may rise GAIN_RISE a step.
-    gain = jnp.where(state.noise.count < GAIN_SETTLE, measured,
-                     bounded_gain(measured, state.gain, trusted, batch_ratio=(
-                         jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size)))
+    gain = _settled_gain(measured, state, trusted, step_batch, off)
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
     cap = state.gain_cap
     if watching:  # static: the watch's rules on the gain
-      gain, cap = _watched_gain(gain, state, watch, learnt, steady=steady, healthy=healthy,
+      gain, cap = _watched_gain(gain, state, watch, learnt, off, steady=steady, healthy=healthy,
                                 step_batch=step_batch, base_batch_size=base_batch_size)
-    ramp = (jnp.minimum(1.0, (state.count + 1).astype(jnp.float32) / warmup_steps)
-            if warmup_steps else jnp.float32(1.0))
+    ramp = _legw_ramp(state.count, warmup_steps)
     lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
         jnp.maximum(state.progress, float(warmup_steps)))
     # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
@@ -541,14 +585,14 @@ def adaptive(
       next_batch = state.batch_size
       if ladder:
         # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-        may_climb = (steady & may_grow_batch(watch) & jnp.isinf(cap)) if watching else steady
+        may_climb = (steady & _may_climb(watch, off) & jnp.isinf(cap)) if watching else steady
         next_batch = jnp.where(may_climb,
                                _climb(state.batch_size, count, read, ladder, warmup_steps,
                                       step_price, growth_interval),
                                state.batch_size)
         # Before the run has learnt, the early rungs, from the start, read as measured: the
         # credit is the batch trend of runs that learn (a plateau's readings are not resolved).
-        if watching:  # static
+        if watching and "early_climb" not in off:  # static
           next_batch = _early_climb(next_batch, state.batch_size, count, noise, ladder,
                                     steady & ~learnt, step_price, growth_interval)
       held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
@@ -571,14 +615,36 @@ def adaptive(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _measure(noise, grad_sq_norms, ok, *, noise_decay, signal_decay, watched):
+def _with_rules_off(rules_off, noise_batch_exponent, signal_decay):
+  """(the rules off, checked; α; the signal decay): α 0 with "credited_noise" off, the
+  signal decay None (one horizon) with "signal_horizon" off."""
+  off = check_rules_off(rules_off)
+  return (off, 0.0 if "credited_noise" in off else noise_batch_exponent,
+          None if "signal_horizon" in off else signal_decay)
+
+
+def _settled_gain(measured, state, trusted, step_batch, rules_off):
+  """The first `GAIN_SETTLE` measurements set the gain; then it rises at most `GAIN_RISE` a
+  step (`bounded_gain`); with "gain_rise_bound" off, the measured gain."""
+  if "gain_rise_bound" in rules_off:
+    return measured
+  batch_ratio = jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size
+  return jnp.where(state.noise.count < GAIN_SETTLE, measured,
+                   bounded_gain(measured, state.gain, trusted, batch_ratio=batch_ratio))
+
+
+def _measure(noise, grad_sq_norms, ok, *, noise_decay, signal_decay, watched,
+             rules_off=frozenset()):
   """The noise EMAs after the step's readings, and whether its gradient jumped
   (`gradient_jump`, only `watched`). A step not `ok` (a rising loss, a diverged run, a
-  non-finite gradient), or one that jumped, leaves the EMAs as they were."""
+  non-finite gradient), or one that jumped, leaves the EMAs as they were. `rules_off`:
+  "gradient_jump_skip" (nothing is a jump), "winsorized_readings" (readings as read)."""
   if grad_sq_norms is None:  # static: either always given or never
     return noise, jnp.array(False)
-  jump = gradient_jump(noise, grad_sq_norms, noise_decay) if watched else jnp.array(False)
-  measured = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay)
+  jump = (gradient_jump(noise, grad_sq_norms, noise_decay)
+          if watched and "gradient_jump_skip" not in rules_off else jnp.array(False))
+  measured = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay,
+                                winsorize="winsorized_readings" not in rules_off)
   return jax.tree.map(lambda new, old: jnp.where(ok & ~jump, new, old), measured, noise), jump
 
 

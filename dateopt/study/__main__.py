@@ -13,6 +13,8 @@ reports them all).
   python -m dateopt.study --report-only          # tables and plots from cells.jsonl
   python -m dateopt.study --compare --workload lstm --outdir docs/schedule_study
                                                  # DATE against the field's batch schedules
+  python -m dateopt.study --ablate all --workload lstm --outdir runs/schedule_study
+                                                 # what each engine rule buys
 
 (`python scripts/scaling_study.py` is the same command.)
 """
@@ -31,13 +33,13 @@ from absl import logging
 
 from dateopt import configs as configs_lib
 from dateopt.metrics_io import read_metrics
-from dateopt.study import cells, compare, figures, report as report_lib
+from dateopt.study import ablation, cells, compare, figures, report as report_lib
 from dateopt.study.runner import Study
 
 WORKLOADS = {
     "lstm": "study_mnist1d_lstm",
     "resnet": "study_mnist1d_resnet",
-    "lm": "lm_shakespeare",
+    "lm": "study_lm_shakespeare",
 }
 QUICK_MULTIPLES = (1, 4)
 QUICK_BASE_STEPS = 300  # the baseline's steps in --quick (its schedule shrunk in time)
@@ -70,6 +72,11 @@ def parse_args(argv=None):
                            f"{','.join(compare.METHODS)} (default: all)")
   parser.add_argument("--budgets", default="1,2,3",
                       help="--compare: the swept methods' budgets, in examples × the baseline's")
+  parser.add_argument("--ablate", default=None, metavar="RULES",
+                      help="DATE's engine rules switched off one at a time at the largest of "
+                           "--multiples, fixed and grown, --seeds seeds (dateopt.study.ablation): "
+                           f"'all' or comma-separated, from {','.join(ablation.ENGINE_RULES)}; "
+                           "the --compare outdir shares its runs")
   parser.add_argument("--report-only", action="store_true",
                       help="no training: tables and plots from the finished runs")
   parser.add_argument("--figures", default=None, help="also copy the PNGs to this folder")
@@ -142,7 +149,8 @@ def report_study(args, runner: Study) -> Study:
 
 def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   """results.csv, results.md and the figures in `outdir` (copied to `copy_to`); the text."""
-  rows = [row for row in runner.rows() if row["workload"] in runner.configs]
+  rows = [row for row in runner.rows() if row["workload"] in runner.configs
+          and not ablation.is_ablation(row)]
   if not rows:
     raise SystemExit(f"no finished runs in {runner.results_path}")
   summary = report_lib.summarize(rows)
@@ -203,7 +211,7 @@ def _copy_figures(paths, copy_to: str | None, *, prefix: str) -> None:
 def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
   """--compare: results.csv, results.md and one frontier figure per workload; the text."""
   rows = [_with_health(runner, row) for row in runner.rows()
-          if row["workload"] in runner.configs]
+          if row["workload"] in runner.configs and not ablation.is_ablation(row)]
   if not rows:
     raise SystemExit(f"no finished runs in {runner.results_path}")
   report_lib.write_csv(rows, os.path.join(outdir, "results.csv"),
@@ -268,6 +276,26 @@ def run_comparison(args, configs, runner: Study) -> None:
   runner.run(extra, progress=not args.no_progress)
 
 
+def run_ablation(args, configs, runner: Study) -> str:
+  """--ablate: the grid (`dateopt.study.ablation`), then its table in `ablation.md`."""
+  rules = ablation.ENGINE_RULES if args.ablate == "all" else tuple(
+      r for r in args.ablate.split(",") if r)
+  unknown = sorted(set(rules) - set(ablation.ENGINE_RULES))
+  if unknown:
+    raise SystemExit(f"--ablate: unknown {unknown}; known: all, "
+                     f"{', '.join(ablation.ENGINE_RULES)}")
+  multiple = max(int(k) for k in args.multiples.split(","))
+  if not args.report_only:
+    runner.run(ablation.ablation_grid(list(configs), rules=rules, multiple=multiple,
+                                      seeds=tuple(range(max(args.seeds, 1)))),
+               progress=not args.no_progress)
+  rows = [row for row in runner.rows() if row["workload"] in configs]
+  text = ablation.ablation_report(ablation.summarize_ablation(rows, multiple))
+  with open(os.path.join(args.outdir, "ablation.md"), "w", encoding="utf-8") as f:
+    f.write(text + "\n")
+  return text
+
+
 def main(argv=None):
   args = parse_args(argv)
   logging.set_verbosity(logging.WARNING)
@@ -282,6 +310,9 @@ def main(argv=None):
     dropped = runner.forget([s for s in args.rerun.split(",") if s])
     print(f"dropped {dropped} finished runs of {args.rerun} (kept in cells.jsonl.bak)")
   started = time.perf_counter()
+  if args.ablate:
+    print("\n" + run_ablation(args, configs, runner))
+    return 0
   if args.compare:
     if not args.report_only:
       run_comparison(args, configs, runner)

@@ -72,7 +72,9 @@ CSV_COLUMNS = ("workload", "batch", "multiple", "strategy", "seed", "steps", "ex
 class Cell:
   """One run of the grid: a workload, a strategy, a batch multiple k and a seed; for a
   strategy with free parameters, its `setting` ("ramp0.2": the ramp over 20% of the
-  examples; "start16x": the first batch 16 × B0) and `budget` (examples × the baseline's)."""
+  examples; "start16x": the first batch 16 × B0) and `budget` (examples × the baseline's);
+  for DATE's strategies, the setting "off:<rule>" switches that engine rule off (an
+  ablation, `dateopt.study.ablation`)."""
 
   workload: str
   strategy: str
@@ -86,6 +88,29 @@ class Cell:
     setting = f"/{self.setting}" if self.setting else ""
     budget = f"/budget{self.budget:g}x" if self.budget != 1.0 else ""
     return f"{self.workload}/{self.strategy}/{self.multiple}x{setting}{budget}/seed{self.seed}"
+
+
+ABLATION_PREFIX = "off:"  # a DATE cell's setting: the engine rule it switches off
+
+
+def is_ablation(row: Mapping[str, Any]) -> bool:
+  """Whether a finished run is an ablation's: a DATE cell with an engine rule switched off."""
+  return str(row.get("setting", "")).startswith(ABLATION_PREFIX)
+
+
+def rules_off(setting: str) -> str:
+  """A DATE cell's setting as `config.engine_rules_off`: "off:a+b" -> "a,b"; "" -> "".
+
+  Example:
+    >>> rules_off("off:early_climb+bump_ceiling"), rules_off("")
+    ('early_climb,bump_ceiling', '')
+  """
+  if not setting:
+    return ""
+  if not setting.startswith(ABLATION_PREFIX):
+    raise ValueError(f"setting={setting!r}: a DATE cell's setting is "
+                     f"'{ABLATION_PREFIX}<rule>[+<rule>]' or empty.")
+  return setting[len(ABLATION_PREFIX):].replace("+", ",")
 
 
 def setting_options(setting: str, base_batch_size: int) -> dict[str, Any]:
@@ -244,6 +269,10 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
       expected_steps = date_steps
     if cell.strategy in FIELD_SCHEDULES:
       plan["schedule_options"] = setting_options(cell.setting, base_batch)
+    elif cell.strategy in ADAPTIVE_STRATEGIES:
+      config.engine_rules_off = rules_off(cell.setting)
+    elif cell.setting:
+      raise ValueError(f"{cell.key}: strategy {cell.strategy!r} takes no setting.")
     if "adam_scaling" in config.plan:  # the Adam family's rules, for every strategy's plan
       plan["adam_scaling"] = tuple(config.plan.adam_scaling)
     if cell.budget != 1.0:
@@ -290,14 +319,24 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
 
 
 def run_health(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-  """What a run's metrics say of its health: the peak LR it applied, and its mean logged
+  """What a run's metrics say of its health: the peak LR it applied, its mean logged
   training loss over the last quarter of the run ÷ that over the third (`loss_trend`: ≤ 1
-  still falling or flat at the end; above 1, it rose again).
+  still falling or flat at the end; above 1, it rose again), and for DATE's engine the
+  divergences its watch declared (`divergences`, 0 on a healthy run).
 
   Example:
     >>> run_health([{"train/learning_rate": 0.1, "train/loss": v} for v in (4, 3, 2, 1)])
     {'peak_lr': 0.1, 'loss_trend': 0.5}
   """
+  health = _lr_and_trend(metric_rows)
+  divergences = [r["train/date/divergences"] for r in metric_rows
+                 if r.get("train/date/divergences") is not None]
+  if divergences:
+    health["divergences"] = int(max(divergences))
+  return health
+
+
+def _lr_and_trend(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   lrs = [r["train/learning_rate"] for r in metric_rows
          if r.get("train/learning_rate") is not None]
   losses = [r["train/loss"] for r in metric_rows if r.get("train/loss") is not None]

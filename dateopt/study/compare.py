@@ -31,7 +31,7 @@ import math
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dateopt.study.cells import BAR_TOLERANCE, STRATEGIES, Cell, setting_options
+from dateopt.study.cells import BAR_TOLERANCE, STRATEGIES, Cell, is_ablation, setting_options
 
 #: Each method with free parameters: its main parameter's settings (`Cell.setting`).
 SWEEPS: dict[str, tuple[str, ...]] = {
@@ -90,7 +90,8 @@ def quality_bar(rows: Sequence[Mapping[str, Any]], workload: str) -> float:
 def reseeded(rows: Sequence[Mapping[str, Any]], seeds: Sequence[int] = (1, 2)) -> list[Cell]:
   """The other seeds of each swept method's best run (`best_run`), and of any of its runs
   that takes no more steps than a DATE grown run with fewer examples (does it hold on other
-  seeds?), per workload."""
+  seeds?), per workload. An ablation's runs (`dateopt.study.ablation`) are left out."""
+  rows = [r for r in rows if not is_ablation(r)]
   cells = []
   for workload in sorted({r["workload"] for r in rows}):
     grown = [r for r in rows if r["workload"] == workload and r["strategy"] == "adaptive_grow"]
@@ -170,8 +171,8 @@ def summarize_comparison(rows: Sequence[Mapping[str, Any]], multiple: int = 64
                          ) -> list[dict[str, Any]]:
   """One entry per (workload, method): its best run and 3-seed means, its runs at the bar,
   and DATE grown's steps over its frontier at DATE grown's mean examples. Only the
-  baselines and the runs at `multiple` count."""
-  rows = [r for r in rows if r["multiple"] in (1, multiple)]
+  baselines and the runs at `multiple` count, and no ablation's (`dateopt.study.ablation`)."""
+  rows = [r for r in rows if r["multiple"] in (1, multiple) and not is_ablation(r)]
   entries = []
   for workload in sorted({r["workload"] for r in rows}):
     bar = quality_bar(rows, workload)

@@ -129,7 +129,8 @@ class Study:
         noise = filled_profile(same_seed[0]["noise_scales"])
     if cell.strategy == "legw_date_steps":
       steps = [r["steps"] for r in rows
-               if r["strategy"] == "adaptive" and r["multiple"] == cell.multiple]
+               if r["strategy"] == "adaptive" and r["multiple"] == cell.multiple
+               and not r.get("setting", "")]  # every engine rule on, not an ablation's
       date_steps = round(statistics.mean(steps)) if steps else None
     return cell_config(self.configs[cell.workload], cell,
                        num_train_examples=self.num_train_examples(cell.workload),

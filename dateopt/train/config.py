@@ -72,6 +72,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Adaptive runs: diverged steps in all before the run stops with status 1 (0: no watch,
   # so no hold, LR cut or stop of a diverged run; see dateopt.date.divergence).
   c.divergence_patience = 100
+  # Adaptive runs: DATE's engine rules switched off, comma-separated names of
+  # `dateopt.date.progress.ENGINE_RULES` (an ablation: what each rule buys); "": every rule on.
+  c.engine_rules_off = ""
   # A growing batch's train step for every rung, compiled in a background thread while the
   # run trains (dateopt.train.rungs).
   c.compile_rungs_ahead = False
@@ -157,7 +160,8 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
 # the seed (data order, dropout), the model, and what shapes or steers the optimizer's state.
 # `recipe.json` records them; a resume that changes one is refused, naming it.
 RESUME_FIELDS = ("seed", "model", "model_kwargs", "guard", "guard_kwargs", "statistics",
-                 "grad_groups", "measure_every_steps", "signal_decay", "divergence_patience")
+                 "grad_groups", "measure_every_steps", "signal_decay", "divergence_patience",
+                 "engine_rules_off")
 
 
 def resume_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import ml_collections
 
 from dateopt import data as data_lib
 from dateopt import date
+from dateopt.date.progress import ENGINE_RULES
 from dateopt import masks
 from dateopt import models
 from dateopt.train import parallel, polish, profiling, rungs
@@ -283,6 +284,21 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
   return polish.polish_window(settings, recipe.steps_per_epoch, num_steps)
 
 
+def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
+  """`config.engine_rules_off` ("early_climb,bump_ceiling") as rule names, each checked
+  against `dateopt.date.progress.ENGINE_RULES`."""
+  value = config.get("engine_rules_off", "") or ""
+  if not isinstance(value, str):
+    raise ValueError(f"config.engine_rules_off must be a comma-separated string of rule names "
+                     f"(from {', '.join(ENGINE_RULES)}); got {value!r}.")
+  names = tuple(name.strip() for name in value.split(",") if name.strip())
+  for name in names:
+    if name not in ENGINE_RULES:
+      raise ValueError(f"config.engine_rules_off: unknown rule {name!r}; allowed: "
+                       f"{', '.join(ENGINE_RULES)}.")
+  return names
+
+
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
                     batch_sizes: Sequence[int] | None = None, *,
                     batch_schedule: date.BatchSchedule | None = None):
@@ -298,9 +314,14 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
               high_inclusive=False, allow_none=False)
   signal_decay = config.signal_decay ** config.measure_every_steps
   check_range("config.divergence_patience", config.divergence_patience, low=0)
+  if engine_rules_off(config) and not (recipe.adaptive and not recipe.scheduled):
+    raise ValueError(f"config.engine_rules_off={config.engine_rules_off!r} switches off rules "
+                     f"of DATE's adaptive engine, but this run's strategy "
+                     f"{config.strategy!r} plans no adaptive recipe; set it to \"\".")
   tx, schedule = date.build(recipe, noise_decay=noise_decay, signal_decay=signal_decay,
                             batch_sizes=batch_sizes, batch_schedule=batch_schedule,
-                            divergence_patience=config.divergence_patience or None)
+                            divergence_patience=config.divergence_patience or None,
+                            rules_off=engine_rules_off(config))
   # The adaptive engine keeps its own EMAs; the others measure only to log the noise.
   if (not recipe.adaptive or recipe.scheduled) and gradient_groups(config) > 1:
     tx = date.measure_noise_scale(tx, noise_decay=noise_decay, signal_decay=signal_decay)

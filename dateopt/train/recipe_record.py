@@ -33,8 +33,8 @@ _IGNORED_FIELDS = frozenset({"rationale"})
 VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
 # The same for the run fields (`config.RESUME_FIELDS`). Before 2026-11-29's default of 0.97
 # both noise EMAs had one decay, which 0.99 gives bit for bit; records written before then
-# hold it as null.
-RUN_VALUE_BEFORE_THE_FIELD = {"signal_decay": 0.99}
+# hold it as null. Before `engine_rules_off` every rule was on.
+RUN_VALUE_BEFORE_THE_FIELD = {"signal_decay": 0.99, "engine_rules_off": ""}
 
 
 class RecipeChangedError(ValueError):

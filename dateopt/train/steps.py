@@ -254,6 +254,7 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
       out["date/gain_measured"] = date.gain_from_estimates(
           adaptive.noise, recipe.base_batch_size, batch_size or recipe.batch_size)
     out["date/diverged_steps"] = adaptive.watch.diverged_steps  # 0: healthy
+    out["date/divergences"] = adaptive.watch.divergences  # so far: a healthy run's stay 0
     out["date/rising_loss_steps"] = adaptive.watch.holds  # steps walked at gain 1, unmeasured
     out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
