@@ -51,10 +51,12 @@ def _run(tx, steps, state=None):
 def test_every_rule_has_a_name_and_a_bad_name_is_refused():
   assert len(set(ENGINE_RULES)) == len(ENGINE_RULES) == 13
   assert check_rules_off(()) == frozenset()
-  with pytest.raises(ValueError, match="rules_off.*early_clim"):
+  with pytest.raises(ValueError, match=r"rules_off must be one of .*; got 'early_clim'\."):
     check_rules_off(["early_clim"])
-  with pytest.raises(ValueError, match="not the string"):
+  with pytest.raises(ValueError, match="not 'early_climb'"):
     check_rules_off("early_climb")
+  with pytest.raises(ValueError, match="not None"):
+    check_rules_off(None)
   with pytest.raises(ValueError, match="rules_off"):
     _engine(rules_off=("warmup",))
 
@@ -187,7 +189,8 @@ def test_gradient_jump_skip_off_an_exploding_gradient_is_applied():
 def test_a_divergence_rule_off_never_declares_the_run_diverged(rule, losses, progress):
   update = jax.jit(divergence.update_watch, static_argnames=("patience", "rules_off"))
   flagged = {}
-  for rules_off in (frozenset(), frozenset({rule})):
+  others = frozenset(divergence.DIVERGENCE_RULES) - {rule}  # off: this rule alone still fires
+  for rules_off in (frozenset(), frozenset({rule}), others):
     watch, flagged[rules_off] = divergence.init_watch(), 0
     for step, loss in enumerate(losses):
       watch = update(watch, jnp.float32(loss), step=jnp.int32(step),
@@ -195,6 +198,7 @@ def test_a_divergence_rule_off_never_declares_the_run_diverged(rule, losses, pro
                      rules_off=rules_off)
       flagged[rules_off] += int(watch.diverged_steps > 0)
   assert flagged[frozenset()] > 0 and flagged[frozenset({rule})] == 0
+  assert flagged[others] == flagged[frozenset()]
 
 
 def test_the_trainer_reads_the_rules_off_and_refuses_them_where_no_engine_runs():

@@ -17,7 +17,9 @@ def test_docstring_examples(module):
 
 def test_the_grid_runs_every_rule_off_on_date_fixed_and_grown_after_every_rule_on():
   grid = ablation.ablation_grid(["lstm"], seeds=(0, 1, 2))
-  assert len(grid) == 3 + 2 * 3 * (1 + len(ENGINE_RULES))
+  # A fixed batch runs neither of the two rules only a ladder has.
+  assert len(grid) == 3 + 2 * 3 * (1 + len(ENGINE_RULES)) - 3 * len(ablation.LADDER_RULES)
+  assert "lstm/adaptive/64x/off:early_climb/seed0" not in [c.key for c in grid]
   keys = [c.key for c in grid]
   assert keys[3:9] == [f"lstm/{m}/64x/seed{s}" for m in ("adaptive", "adaptive_grow")
                        for s in range(3)]  # the comparison's own DATE cells: shared
@@ -72,4 +74,12 @@ def test_the_comparison_leaves_an_ablations_runs_out():
   entries = compare.summarize_comparison(ROWS)
   grown = next(e for e in entries if e["method"] == "adaptive_grow")
   assert grown["runs"] == 2 and grown["steps"] == 600
-  assert not [c for c in compare.reseeded(ROWS) if c.setting.startswith("off:")]
+  # A Seesaw run that dominates only the ablation's grown runs (fewer steps and examples than
+  # 900 at 1.3M) is not reseeded; one that dominates a comparison's grown run is.
+  seesaw = lambda setting, steps, examples: dict(
+      _row("seesaw", 0, steps, examples, 0.99), setting=setting, key=f"seesaw/{setting}")
+  rows = ROWS + [seesaw("start1x", 950, 2_000_000), seesaw("start4x", 800, 1_250_000),
+                 seesaw("start16x", 480, 900_000)]
+  reseeded = {(c.setting, c.seed) for c in compare.reseeded(rows)}
+  assert ("start4x", 1) not in reseeded  # dominates only lstm/adaptive_grow/64x/off:...
+  assert {("start16x", 1), ("start16x", 2)} <= reseeded

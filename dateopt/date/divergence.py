@@ -167,12 +167,12 @@ def _judge(was_diverged, count, start, ema, best, progress_fraction,
   learnt = _learnt(start, best)
   moved = best <= STALL_DROP * start
   give_back = ema - best
-  blow_up = (ema >= BLOW_UP * start) & ("blow_up" not in rules_off)
+  blown_up = ema >= BLOW_UP * start
   no_learning = ((progress_fraction >= STALL_PROGRESS) & (count >= STALL_STEPS) & ~moved
                  & ("no_learning" not in rules_off))
   relapse = learnt & (give_back >= RELAPSE * (start - best)) & ("relapse" not in rules_off)
-  enters = relapse | blow_up | no_learning
-  stays = ~moved | (give_back > RECOVERED * (start - best)) | blow_up
+  enters = relapse | (blown_up & ("blow_up" not in rules_off)) | no_learning
+  stays = ~moved | (give_back > RECOVERED * (start - best)) | blown_up
   return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
 
 

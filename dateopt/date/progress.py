@@ -201,9 +201,9 @@ def check_rules_off(rules_off: Sequence[str]) -> frozenset[str]:
     >>> sorted(check_rules_off(("early_climb", "bump_ceiling")))
     ['bump_ceiling', 'early_climb']
   """
-  if isinstance(rules_off, str):
-    raise ValueError(f"rules_off must be a sequence of rule names, not the string "
-                     f"{rules_off!r}; allowed: {', '.join(ENGINE_RULES)}.")
+  if isinstance(rules_off, str) or not isinstance(rules_off, (list, tuple, set, frozenset)):
+    raise ValueError(f"rules_off must be a sequence of rule names, not {rules_off!r}; "
+                     f"allowed: {', '.join(ENGINE_RULES)}.")
   for rule in rules_off:
     check_choice("rules_off", rule, ENGINE_RULES)
   return frozenset(rules_off)
@@ -490,7 +490,9 @@ def adaptive(
       factor its gain applied (`dateopt.date.adam_scaling.rung_hyperparams`).
     rules_off: `ENGINE_RULES` switched off, to measure what each buys (an ablation;
       "gain_rise_bound" takes the |G|² ≤ 0 hold with it, "rising_hold" the bump's
-      ceiling, which only a hold sets). Default: every rule on.
+      ceiling, which only a hold sets; the rules of the watch need `value=` and a
+      `divergence_patience`, "credited_noise" and "early_climb" a ladder). Default: every
+      rule on.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
@@ -558,7 +560,7 @@ def adaptive(
                             exponent=noise_batch_exponent)
     measured = gain_from_estimates(read, base_batch_size, step_batch)
     trusted = (noise.grad_sq_ema > 0) & healthy
-    gain = _settled_gain(measured, state, trusted, step_batch, off)
+    gain = _settled_gain(measured, state, trusted, step_batch, off, healthy)
     gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
     learnt = has_learnt(watch) if watching else None  # static: only the watch knows
     cap = state.gain_cap
@@ -623,12 +625,13 @@ def _with_rules_off(rules_off, noise_batch_exponent, signal_decay):
           None if "signal_horizon" in off else signal_decay)
 
 
-def _settled_gain(measured, state, trusted, step_batch, rules_off):
+def _settled_gain(measured, state, trusted, step_batch, rules_off, healthy):
   """The first `GAIN_SETTLE` measurements set the gain; then it rises at most `GAIN_RISE` a
-  step (`bounded_gain`); with "gain_rise_bound" off, the measured gain."""
-  if "gain_rise_bound" in rules_off:
-    return measured
+  step (`bounded_gain`); with "gain_rise_bound" off, the measured gain on a healthy step (a
+  diverged one still does not raise it)."""
   batch_ratio = jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size
+  if "gain_rise_bound" in rules_off:
+    return jnp.where(healthy, measured, jnp.minimum(measured, state.gain * batch_ratio))
   return jnp.where(state.noise.count < GAIN_SETTLE, measured,
                    bounded_gain(measured, state.gain, trusted, batch_ratio=batch_ratio))
 

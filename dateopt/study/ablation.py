@@ -1,19 +1,21 @@
-"""What each of DATE's engine rules buys: each switched off in turn, at 64× fixed and grown.
+"""What each of DATE's engine rules buys: each switched off in turn, DATE fixed and grown.
 
 Every rule of `dateopt.date.progress.ENGINE_RULES` runs off (a cell with the setting
 "off:<rule>", `config.engine_rules_off`) on DATE's 64× fixed and grown cells, 3 seeds
 each, against the same cells with every rule on, which the comparison
 (`dateopt.study.compare`) runs too, so one outdir holds both and the baselines are shared.
 Each rule's row says what switching it off changed, as 3-seed means: steps and examples
-(relative to every rule on), quality (accuracy, or validation loss on a language model),
-the runs at the comparison's quality bar, and the divergences the watch declared (on these
-healthy runs, false alarms).
+(relative to every rule on, on the same seeds), quality (accuracy, or validation loss on a
+language model), the runs at the comparison's quality bar, and the runs the watch called
+diverged at least once (with every rule on, the study's runs are healthy: there, false
+alarms). A fixed batch runs no rule that only a ladder has (`LADDER_RULES`).
 
 Example:
-  >>> cells = ablation_grid(["lstm"], rules=("early_climb",), seeds=(0,))
+  >>> cells = ablation_grid(["lstm"], rules=("bump_ceiling", "early_climb"), seeds=(0,))
   >>> [c.key for c in cells]  # doctest: +NORMALIZE_WHITESPACE
   ['lstm/baseline/1x/seed0', 'lstm/adaptive/64x/seed0', 'lstm/adaptive_grow/64x/seed0',
-   'lstm/adaptive/64x/off:early_climb/seed0', 'lstm/adaptive_grow/64x/off:early_climb/seed0']
+   'lstm/adaptive/64x/off:bump_ceiling/seed0', 'lstm/adaptive_grow/64x/off:bump_ceiling/seed0',
+   'lstm/adaptive_grow/64x/off:early_climb/seed0']
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Any, Mapping, Sequence
 from dateopt.date.progress import ENGINE_RULES
 from dateopt.study.cells import ABLATION_PREFIX, STRATEGIES, Cell, is_ablation
 from dateopt.study.compare import DATE_METHODS, quality, quality_bar
+
+# Rules that only a growing batch has: a fixed batch's run with one off is the run with all on.
+LADDER_RULES = ("credited_noise", "early_climb")
 
 
 def ablation_grid(workloads: Sequence[str], *, rules: Sequence[str] = ENGINE_RULES,
@@ -36,8 +41,10 @@ def ablation_grid(workloads: Sequence[str], *, rules: Sequence[str] = ENGINE_RUL
   for workload in workloads:
     cells += [Cell(workload, "baseline", 1, seed) for seed in seeds]
     for setting in ("",) + tuple(ABLATION_PREFIX + rule for rule in rules):
+      methods = DATE_METHODS if setting[len(ABLATION_PREFIX):] not in LADDER_RULES else (
+          "adaptive_grow",)
       cells += [Cell(workload, method, multiple, seed, setting)
-                for method in DATE_METHODS for seed in seeds]
+                for method in methods for seed in seeds]
   return cells
 
 
@@ -52,9 +59,12 @@ def summarize_ablation(rows: Sequence[Mapping[str, Any]], multiple: int = 64
       runs = [r for r in rows if r["workload"] == workload and r["strategy"] == method
               and r["multiple"] == multiple]
       settings = sorted({r.get("setting", "") for r in runs})
-      reference = _means([r for r in runs if not r.get("setting", "")], bar)
       for setting in settings:
-        means = _means([r for r in runs if r.get("setting", "") == setting], bar)
+        mine = [r for r in runs if r.get("setting", "") == setting]
+        seeds = {r["seed"] for r in mine}  # the reference on the same seeds
+        reference = _means([r for r in runs if not r.get("setting", "") and r["seed"] in seeds],
+                           bar)
+        means = _means(mine, bar)
         relative = {f"{k}_vs_all_on": means[k] / reference[k] if reference else None
                     for k in ("steps", "examples")}
         entries.append({"workload": workload, "method": method, "label": STRATEGIES[method],
@@ -71,7 +81,9 @@ def _means(runs: Sequence[Mapping[str, Any]], bar: float) -> dict[str, Any]:
           "quality": statistics.mean(quality(r) for r in runs),
           "is_loss": "final_loss" in runs[0],
           "at_bar": sum(quality(r) >= bar for r in runs),
-          "diverged": sum(int(r.get("divergences", 0)) > 0 for r in runs)}
+          # None: runs logged before the watch's divergences were (unknown, not 0).
+          "diverged": (sum(int(r["divergences"]) > 0 for r in runs)
+                       if all("divergences" in r for r in runs) else None)}
 
 
 def ablation_report(entries: Sequence[Mapping[str, Any]]) -> str:
@@ -87,8 +99,9 @@ def ablation_report(entries: Sequence[Mapping[str, Any]]) -> str:
     for e in sorted(rows, key=lambda e: (e["rule"] != "", e["rule"])):
       value = f"{-e['quality']:.4f}" if e["is_loss"] else f"{100 * e['quality']:.2f}"
       ratio = lambda key: "—" if e[key] is None else f"{e[key]:.2f}"
+      diverged = "—" if e["diverged"] is None else f"{e['diverged']}/{e['seeds']}"
       lines.append(f"| {e['rule'] or '(every rule on)'} | {e['seeds']} | {e['steps']:,.0f} | "
                    f"{ratio('steps_vs_all_on')} | {ratio('examples_vs_all_on')} | {value} | "
-                   f"{e['at_bar']}/{e['seeds']} | {e['diverged']}/{e['seeds']} |")
+                   f"{e['at_bar']}/{e['seeds']} | {diverged} |")
     parts.append("\n".join(lines))
   return "\n\n".join(parts)

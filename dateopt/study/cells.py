@@ -243,6 +243,8 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
   config.checkpoint_every_steps = -1  # a finished cell is the unit of resumption
   base_batch = int(config.baseline.batch_size)
   base_steps = epochs_to_steps(float(config.baseline.num_epochs), num_train_examples, base_batch)
+  if cell.strategy == "baseline" and cell.setting:
+    raise ValueError(f"{cell.key}: the baseline takes no setting.")
   if cell.strategy == "baseline":
     config.batch_size = None
     expected_steps = base_steps
