@@ -290,7 +290,8 @@ def run_ablation(args, configs, runner: Study) -> str:
                                       seeds=tuple(range(max(args.seeds, 1)))),
                progress=not args.no_progress)
   rows = [row for row in runner.rows() if row["workload"] in configs]
-  text = ablation.ablation_report(ablation.summarize_ablation(rows, multiple))
+  text = ablation.ablation_report(ablation.summarize_ablation(rows, multiple)) or (
+      f"no ablation runs in {runner.results_path} yet: run --ablate without --report-only")
   with open(os.path.join(args.outdir, "ablation.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
   return text
