@@ -40,7 +40,7 @@ def main():
                       help="the LR's gain rule: lr x r_t or lr x sqrt(r_t) (default: the plan's)")
   parser.add_argument("--signal-decay", type=float, default=None,
                       help="the |G|^2 EMA's decay per step (default: the config's, "
-                           "date.SIGNAL_DECAY); notes/batch_growth.md, 'Why the readings "
+                           "date._noise.SIGNAL_DECAY); notes/batch_growth.md, 'Why the readings "
                            "are low: the |G|² EMA lags' and 'Why 0.97, and what it is not'")
   parser.add_argument("--noise-of", choices=["gradient", "lars_step", "adam_step"],
                       default=None, help="what the noise scale is measured on (default: the "

@@ -32,6 +32,7 @@ from absl import logging
 from dateopt import date, masks, train
 from dateopt.configs import load as load_config
 from dateopt.train import experiment, steps as steps_lib
+from dateopt.date import _noise as noise_lib
 
 
 def run_config(args):
@@ -77,7 +78,7 @@ def leaf_noise(exp, params, batch_stats, num_batches, small):
     total = g if total is None else [t + x for t, x in zip(total, g)]
   big_sq = np.array([np.sum((t / num_batches) ** 2) for t in total])
   sq_norms = date.GradientSqNorms(small_sq / num_batches, big_sq, small, num_batches * small)
-  return tuple(np.asarray(x, np.float64) for x in date.noise_estimates(sq_norms))
+  return tuple(np.asarray(x, np.float64) for x in noise_lib.noise_estimates(sq_norms))
 
 
 def report(exp, workdir, step, logged, args):

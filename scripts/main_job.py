@@ -10,7 +10,7 @@ divergence guard on everywhere, noise scale measured everywhere):
     from the gradient noise scale each step, stopping when it has covered the
     baseline's steps. Its predicted steps come from the noise-scale profile the
     baseline run logged, played out by the law as DATE reads it at its batch
-    (`date.plan_predicted_budget`).
+    (`date._planner.plan_predicted_budget`).
   * `DATE adaptive, batch grown to {k}x`: the same, starting at the baseline's
     batch and doubling it as the measured noise scale grows, up to k·B0
     (`--grow-to`).

@@ -4,7 +4,7 @@ Does a grown run sit on the steps-against-examples frontier of the noise scale i
 measured, and what would another `step_price` have bought? For each run folder
 (a trainer workdir with `metrics.jsonl` and `recipe.json`), the profile of
 B_noise over the baseline's progress that the run logged is played out by
-`date.plan_predicted_budget` with the run's planned recipe at each price, beside
+`planner_lib.plan_predicted_budget` with the run's planned recipe at each price, beside
 what the run took. The play-out climbs from the first step (no plateau), so it
 is a frontier of the readings, not a replay of the run (notes/batch_growth.md).
 
@@ -51,9 +51,9 @@ import argparse
 import math
 import statistics
 
-from dateopt import date
 from dateopt.study import filled_profile, progress_profile, read_as_largest, read_run
 from dateopt.study.report import LAW_POINTS
+from dateopt.date import _planner as planner_lib
 
 
 def _read(folder: str):
@@ -73,7 +73,7 @@ def run_frontier(folder: str, prices: list[float]) -> dict:
   if not finished:
     raise ValueError(f"{folder}: metrics.jsonl has no run/steps summary; the run did not finish.")
   last = finished[-1]
-  law = {price: date.plan_predicted_budget(recipe.replace(step_price=price), profile,
+  law = {price: planner_lib.plan_predicted_budget(recipe.replace(step_price=price), profile,
                                           read_at_batch_size=recipe.batch_size)
          for price in prices}
   return {"run": folder, "price": recipe.step_price, "steps": int(last["run/steps"]),

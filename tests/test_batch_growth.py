@@ -20,6 +20,11 @@ import pytest
 from dateopt import date
 from dateopt.data import get_dataset
 from dateopt.data.base import epoch_permutation
+from dateopt.date import _divergence as divergence_lib
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _planner as planner_lib
+from dateopt.date import _progress as progress_lib
+from dateopt.date import _recipe as recipe_lib
 
 import tiny_config
 
@@ -49,7 +54,7 @@ def test_ladder_refuses_what_the_layout_cannot_run(base, top, quantum, match):
 
 def test_growth_rule_by_hand():
   # From 64 to 128 with B_max = 256 and a step priced at half of it (λ = 128 examples).
-  rule = lambda count, noise: bool(date.wants_next_rung(
+  rule = lambda count, noise: bool(progress_lib.wants_next_rung(
       count, noise, batch_size=64, next_batch_size=128, max_batch_size=256, warmup_steps=30,
       step_price=0.5, growth_interval=20))
   assert rule(40, 64.0)                   # past the warmup, on the interval, 64·128 ≤ 128·64
@@ -68,12 +73,12 @@ def test_growth_rule_stops_at_the_rung_that_makes_progress_cheapest(step_price):
   for noise in np.geomspace(5.0, 50_000.0, 60):
     climbed = ladder[0]
     for upper in ladder[1:]:
-      if not date.wants_next_rung(
+      if not progress_lib.wants_next_rung(
           100, noise, batch_size=climbed, next_batch_size=upper, max_batch_size=ladder[-1],
           warmup_steps=0, step_price=step_price):
         break
       climbed = upper
-    cost = {b: (b + price) / date.adascale_gain(noise, 32, b) for b in ladder}
+    cost = {b: (b + price) / noise_lib.adascale_gain(noise, 32, b) for b in ladder}
     assert cost[climbed] == pytest.approx(min(cost.values()), rel=1e-12), noise
 
 
@@ -86,7 +91,7 @@ def _sq_norms(noise_scale, batch, groups=4, grad_sq=1.0):
   return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
 
 
-def _engine(ladder, warmup=0, step_price=1.0, growth_interval=date.GROWTH_INTERVAL,
+def _engine(ladder, warmup=0, step_price=1.0, growth_interval=progress_lib.GROWTH_INTERVAL,
             noise_batch_exponent=0.0):
   """A growing engine; by default (α = 0) it reads each rung's noise scale as measured."""
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
@@ -97,7 +102,7 @@ def _engine(ladder, warmup=0, step_price=1.0, growth_interval=date.GROWTH_INTERV
                        noise_batch_exponent=noise_batch_exponent)
 
 
-@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
+@pytest.mark.parametrize("exponent", [0.0, recipe_lib.NOISE_BATCH_EXPONENT])
 def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch(exponent):
   tx = _engine((32, 64, 128, 256), warmup=5, noise_batch_exponent=exponent)
   params = {"w": jnp.ones(3)}
@@ -110,7 +115,7 @@ def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_ba
     _, state = update({"w": jnp.ones(3)}, state, params, grad_sq_norms=_sq_norms(1000.0, batch))
     ramp = min(1.0, len(batches) / 5)
     credited = 1000.0 * (256 / batch) ** exponent  # rung B reads B_noise × (B_max/B)^α
-    progress += ramp * date.adascale_gain(credited, 32, batch)
+    progress += ramp * noise_lib.adascale_gain(credited, 32, batch)
     np.testing.assert_allclose(float(state.progress), progress, rtol=1e-5)
   # B_noise = 1000 ≥ every rung: one rung up at steps 20, 40, 60, never two at once.
   assert batches[:20] == [32] * 20 and batches[20:40] == [64] * 20
@@ -164,7 +169,7 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
 def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root_gain():
   """A plateau's measured noise scale is high: the batch climbs from its first look to
   EARLY_RUNGS × B0 (512), at a gain held to √(B/B0), and the rest waits for the run to learn."""
-  assert date.EARLY_RUNGS * 32 == 512
+  assert progress_lib.EARLY_RUNGS * 32 == 512
   tx = _engine(date.batch_ladder(32, 1024), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen, gains = tx.init(params), jax.jit(tx.update), [], []
@@ -181,13 +186,13 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
   assert seen[80:140] == [512] * 60
   # The measured gain at B_noise 1,000 is 1.94 / 3.76 / 7.10 / 10.9; held to √2, √4, √8, √16.
   for batch, gain in zip(seen[:137], gains[:137]):
-    assert gain == pytest.approx(min(np.sqrt(batch / 32), date.adascale_gain(1000.0, 32, batch)),
+    assert gain == pytest.approx(min(np.sqrt(batch / 32), noise_lib.adascale_gain(1000.0, 32, batch)),
                                  rel=1e-6)
   # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
   # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024; the gain, free,
   # rises at most GAIN_RISE a step from √16.
   assert seen[140:] == [1024] * 20
-  rise = 1 + date.GAIN_RISE
+  rise = 1 + progress_lib.GAIN_RISE
   assert gains[137:139] == pytest.approx([4 * rise, 4 * rise ** 2], rel=1e-6)
 
 
@@ -204,9 +209,9 @@ def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
     _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, 256),
                       value=loss)
     gains.append(float(state.gain))
-  assert date.adascale_gain(1000.0, 32, 256) == pytest.approx(6.57, abs=0.01)  # the hold binds
+  assert noise_lib.adascale_gain(1000.0, 32, 256) == pytest.approx(6.57, abs=0.01)  # the hold binds
   assert gains[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
-  rise = 1 + date.GAIN_RISE
+  rise = 1 + progress_lib.GAIN_RISE
   assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
 
 
@@ -214,7 +219,7 @@ def test_the_early_climb_stops_below_the_largest_rung():
   """A ladder that ends at EARLY_RUNGS × B0 (512): on the plateau the looks at steps 20, 40 and
   60 climb to 64, 128 and 256, and the one at 80 does not take 512, which waits for the run to
   learn (the growth rule then reads B_noise 1,000: 256 · 512 ≤ 512 · 1,000)."""
-  tx = _engine(date.batch_ladder(32, 32 * date.EARLY_RUNGS), warmup=50)
+  tx = _engine(date.batch_ladder(32, 32 * progress_lib.EARLY_RUNGS), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen = tx.init(params), jax.jit(tx.update), []
   for loss in [2.3] * 110 + [1.0] * 30:  # learnt (0.8 · 2.3) a few steps after step 110
@@ -239,8 +244,8 @@ def test_the_batch_does_not_climb_while_the_loss_wobbles_above_its_best(wobble, 
     _, state = update({"w": jnp.ones(2)}, state, params,
                       grad_sq_norms=_sq_norms(1000.0, seen[-1]), value=loss)
     if len(seen) == 100:
-      assert not bool(date.divergence.loss_rising(state.watch))
-      assert bool(date.may_grow_batch(state.watch)) == (first_climb == 100)
+      assert not bool(divergence_lib.loss_rising(state.watch))
+      assert bool(divergence_lib.may_grow_batch(state.watch)) == (first_climb == 100)
   assert seen.index(64) == first_climb
 
 
@@ -285,7 +290,7 @@ def test_a_plain_optax_loop_follows_the_engine():
 
 # --- The planner ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("exponent", [0.0, date.NOISE_BATCH_EXPONENT])
+@pytest.mark.parametrize("exponent", [0.0, recipe_lib.NOISE_BATCH_EXPONENT])
 @pytest.mark.parametrize("noise, batch, warmup", [(500.0, 2048, 75), (50.0, 512, 0),
                                                   (3000.0, 1024, 10)])
 def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup, exponent):
@@ -293,13 +298,13 @@ def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup, expone
   budget = date.predicted_budget(noise, base_batch_size=32, batch_sizes=(batch,),
                                  base_steps=7500, warmup_steps=warmup,
                                  noise_batch_exponent=exponent)
-  assert budget["steps"] == date.predicted_steps(
+  assert budget["steps"] == noise_lib.predicted_steps(
       noise * (batch / 32) ** exponent, base_batch_size=32, batch_size=batch, base_steps=7500,
       warmup_steps=warmup)
   assert budget["examples"] == budget["steps"] * batch
 
 
-@pytest.mark.parametrize("exponent, top", [(0.0, 256), (date.NOISE_BATCH_EXPONENT, 512)])
+@pytest.mark.parametrize("exponent, top", [(0.0, 256), (recipe_lib.NOISE_BATCH_EXPONENT, 512)])
 def test_budget_of_a_growing_batch_by_hand(exponent, top):
   # The baseline's B_noise = 200 throughout, read as B_max = 512 reads it: 200·16^α (α = 0:
   # 200; α = 0.2: 348). No warmup, a step priced at B_max, interval 20: B·B' ≤ 512·read takes
@@ -308,7 +313,7 @@ def test_budget_of_a_growing_batch_by_hand(exponent, top):
   budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
                                  base_steps=1000, step_price=1.0, noise_batch_exponent=exponent)
   rungs = [b for b in (32, 64, 128, 256, 512) if b <= top]
-  gains = [date.adascale_gain(read, 32, b) for b in rungs]
+  gains = [noise_lib.adascale_gain(read, 32, b) for b in rungs]
   covered = 20 * sum(gains[:-1])   # 20 steps at each rung below the top
   rest = -(-(1000 - covered) // gains[-1])
   assert budget["steps"] == 20 * (len(rungs) - 1) + rest and budget["largest_batch_size"] == top
@@ -343,7 +348,7 @@ def test_plan_and_explain_show_the_ladder_and_the_predicted_budget():
   assert "32, 64, 128, 256, 512, 1,024, 2,048" in text
   assert f"{budget['steps']:,} for a 4-point B_noise profile" in text
   assert f"{budget['examples']:,} = {budget['examples_vs_baseline']:.2f}" in text
-  assert date.plan_predicted_steps(recipe, profile) == budget["steps"]
+  assert planner_lib.plan_predicted_steps(recipe, profile) == budget["steps"]
   assert date.Recipe.from_dict(recipe.to_dict()) == recipe
 
 

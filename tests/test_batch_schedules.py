@@ -11,7 +11,10 @@ import optax
 import pytest
 
 from dateopt import date
-from dateopt.date import batch_schedules
+from dateopt.date import _batch_schedules as batch_schedules
+from dateopt.date import _batch_schedules as batch_schedules_lib
+from dateopt.date import _builder as builder_lib
+from dateopt.date import _planner as planner_lib
 
 import tiny_config
 
@@ -27,7 +30,7 @@ def _megatron_batch(consumed, start, increment, ramp, top):
 
 
 def test_linear_ramp_is_megatrons_rule_at_every_example_count():
-  ramp = date.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
+  ramp = batch_schedules_lib.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
                           ramp_examples=1000)
   # n = 3 increments, one every 333.3 examples: 16 below 334, 32 from 334, 48 from 667.
   assert ramp.batch_sizes == (16, 32, 48, 64) and ramp.boundaries == (334, 667, 1000)
@@ -44,24 +47,24 @@ def test_linear_ramp_is_megatrons_rule_at_every_example_count():
 
 def test_linear_ramp_refuses_an_increment_that_does_not_divide():
   with pytest.raises(ValueError, match="increment=20 must divide max_batch_size - start_batch"):
-    date.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=20,
+    batch_schedules_lib.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=20,
                      ramp_examples=1000)
 
 
 def test_doubling_multiplies_the_lr_by_root_2_at_each_doubling():
-  schedule = date.doubling(base_batch_size=8, max_batch_size=64, start_batch=8,
+  schedule = batch_schedules_lib.doubling(base_batch_size=8, max_batch_size=64, start_batch=8,
                            ramp_examples=900)
   assert schedule.batch_sizes == (8, 16, 32, 64) and schedule.boundaries == (300, 600, 900)
   lrs = [schedule.lr_multiplier(b) for b in schedule.batch_sizes]
   assert lrs == pytest.approx([1.0, math.sqrt(2), 2.0, math.sqrt(8)])
   assert [b / a for a, b in zip(lrs, lrs[1:])] == pytest.approx([math.sqrt(2)] * 3)
   with pytest.raises(ValueError, match="must be a power of 2"):
-    date.doubling(base_batch_size=8, max_batch_size=48, start_batch=8, ramp_examples=900)
+    batch_schedules_lib.doubling(base_batch_size=8, max_batch_size=48, start_batch=8, ramp_examples=900)
 
 
 def test_seesaw_cuts_the_lr_by_root_2_where_the_schedule_halves_it_and_doubles_the_batch():
   cosine = optax.cosine_decay_schedule(1.0, 100)
-  schedule = date.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
+  schedule = batch_schedules_lib.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
                          base_schedule=cosine, base_steps=100)
   # ½(1 + cos(πt/100)) reaches ½ at t = 50 and ¼ at t = 66.7: baseline steps 50 and 67.
   assert schedule.boundaries == (50 * 4, 67 * 4) and schedule.batch_sizes == (4, 8, 16)
@@ -74,7 +77,7 @@ def test_seesaw_cuts_the_lr_by_root_2_where_the_schedule_halves_it_and_doubles_t
 
 def test_batch_for_decay_keeps_the_lr_where_the_schedule_would_cut_it():
   cosine = optax.cosine_decay_schedule(1.0, 100)
-  schedule = date.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
+  schedule = batch_schedules_lib.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
                          base_schedule=cosine, base_steps=100, keep_lr=True)
   assert schedule.name == "batch_for_decay" and schedule.boundaries == (200, 268)
   assert [schedule.lr_multiplier(b) for b in (4, 8, 16)] == pytest.approx([1.0, 2.0, 4.0])
@@ -88,7 +91,7 @@ def test_seesaw_counts_its_points_after_the_warmup_and_stops_where_the_decay_doe
   # The warmup's low start is not a fall. 0.2 + 0.8·½(1 + cos(πt/90)) falls to ½ at t = 52.2
   # and to ¼ at t = 75.5 (steps 53 and 76 after the warmup), never to ⅛.
   assert points == (63, 86)
-  schedule = date.seesaw(base_batch_size=4, max_batch_size=64, start_batch=4, alpha=0.5,
+  schedule = batch_schedules_lib.seesaw(base_batch_size=4, max_batch_size=64, start_batch=4, alpha=0.5,
                          base_schedule=warmup, base_steps=100, warmup_steps=10)
   assert schedule.batch_sizes == (4, 8, 16)  # it never reaches 64
 
@@ -100,32 +103,32 @@ def test_a_step_decay_that_passes_several_powers_of_alpha_is_one_step_up():
   # A step decay's α is its own cut by default: × 0.1 at epochs 30 and 60 (Smith et al.).
   seesaw = date.plan(base, 2048, "seesaw")
   assert seesaw.batch_schedule_options["alpha"] == 0.1
-  schedule = date.batch_schedule_of(seesaw)
+  schedule = builder_lib.batch_schedule_of(seesaw)
   assert schedule.batch_sizes == (32, 320, 2048)  # × 10, then × 10 capped at 2,048
   assert schedule.boundaries == (30 * 24_000, 60 * 24_000)
   # At the first cut the LR falls by √0.1 instead of 0.1, the batch grows × 10.
   assert 0.1 * schedule.lr_multiplier(320) == pytest.approx(math.sqrt(0.1))
   # With α = ½, the × 0.1 cut passes ½, ¼ and ⅛ at one step: one step-up, × 8.
   halves = date.plan(base, 2048, "seesaw", schedule_options={"alpha": 0.5})
-  assert date.batch_schedule_of(halves).batch_sizes == (32, 256, 2048)
+  assert builder_lib.batch_schedule_of(halves).batch_sizes == (32, 256, 2048)
 
 
 def test_a_schedule_that_never_falls_to_alpha_warns_and_keeps_its_batch():
   with pytest.warns(UserWarning, match="never falls to α = 0.5"):
-    schedule = date.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
+    schedule = batch_schedules_lib.seesaw(base_batch_size=4, max_batch_size=16, start_batch=4, alpha=0.5,
                            base_schedule=optax.constant_schedule(1.0), base_steps=100)
   assert schedule.batch_sizes == (4,)
 
 
 def test_a_start_batch_above_b0_starts_at_the_root_rule_lr():
-  schedule = date.seesaw(base_batch_size=4, max_batch_size=64, start_batch=16, alpha=0.5,
+  schedule = batch_schedules_lib.seesaw(base_batch_size=4, max_batch_size=64, start_batch=16, alpha=0.5,
                          base_schedule=optax.cosine_decay_schedule(1.0, 100), base_steps=100)
   assert schedule.batch_sizes == (16, 32, 64)
   assert schedule.lr_multiplier(16) == pytest.approx(2.0)  # √(16/4)
 
 
 def test_steps_for_counts_every_step_a_loop_takes():
-  ramp = date.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
+  ramp = batch_schedules_lib.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
                           ramp_examples=1000)
   for total in (1, 333, 1000, 1001, 4096):
     seen = steps = 0
@@ -135,7 +138,7 @@ def test_steps_for_counts_every_step_a_loop_takes():
 
 
 def test_rounding_to_the_layout_merges_rungs_at_their_first_boundary():
-  ramp = date.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
+  ramp = batch_schedules_lib.linear_ramp(base_batch_size=8, max_batch_size=64, start_batch=16, increment=16,
                           ramp_examples=1000)
   rounded = ramp.rounded(32)
   assert rounded.batch_sizes == (32, 64) and rounded.boundaries == (667,)
@@ -147,7 +150,7 @@ def test_rounding_to_the_layout_merges_rungs_at_their_first_boundary():
 
 def test_scheduled_batch_applies_the_schedule_in_examples_and_stops_at_the_budget():
   base = optax.warmup_cosine_decay_schedule(0.0, 0.1, 5, 40)
-  schedule = date.doubling(base_batch_size=4, max_batch_size=16, start_batch=4,
+  schedule = batch_schedules_lib.doubling(base_batch_size=4, max_batch_size=16, start_batch=4,
                            ramp_examples=40)
   tx = date.scheduled_batch(lambda learning_rate: optax.sgd(learning_rate), base, schedule,
                             base_steps=40)
@@ -193,14 +196,14 @@ def test_plan_explains_each_schedule_and_predicts_its_steps(strategy, citation):
   planned = date.plan(base, 2048, strategy, budget=2)
   assert planned.scheduled and planned.batch_schedule == strategy
   assert planned.num_epochs == 20 and planned.warmup_steps == base.warmup_steps
-  schedule = date.batch_schedule_of(planned)
+  schedule = builder_lib.batch_schedule_of(planned)
   steps, examples = schedule.steps_for(planned.total_steps * 32)
-  assert date.plan_predicted_steps(planned, None) == steps
+  assert planner_lib.plan_predicted_steps(planned, None) == steps
   assert examples >= 2 * base.total_steps * 32
   text = date.explain(base, planned)
   assert citation in text and f"{steps:,} steps" in text and "batch schedule" in text
   again = date.Recipe.from_dict(planned.to_dict())  # what recipe.json stores
-  assert again == planned and date.batch_schedule_of(again) == schedule
+  assert again == planned and builder_lib.batch_schedule_of(again) == schedule
 
 
 def test_plan_resolves_each_schedules_options_and_names_a_bad_one():
@@ -277,7 +280,7 @@ def test_trainer_follows_the_schedule_logs_every_batch_and_compiles_once_per_bat
   changes = [(r["step"], r["train/batch_size"]) for r in rows
              if "train/batch_size" in r and "train/loss" not in r]
   assert changes == [(1, 16), (31, 32), (46, 64)]
-  assert result.steps == 60 == date.plan_predicted_steps(result.recipe, None)
+  assert result.steps == 60 == planner_lib.plan_predicted_steps(result.recipe, None)
   assert result.examples == 1920 and result.largest_batch_size == 64
   assert result.train_step_compilations == 3
   # The LR applied at each logged step: the baseline's schedule at τ = examples before / B0,

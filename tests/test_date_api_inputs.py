@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from dateopt import date
+from dateopt.date import _noise as noise_lib
 
 
 def _engine(make=lambda learning_rate: optax.adam(learning_rate),
@@ -133,24 +134,24 @@ def test_a_vector_loss_is_refused_at_trace_time_naming_value():
     (16, 8, "big_batch_size"), (2.5, 8, "small_batch_size"), (True, 8, "small_batch_size")])
 def test_noise_readings_need_two_positive_batch_sizes(small, big, field):
   with pytest.raises((ValueError, TypeError), match=field):
-    date.noise_estimates(date.GradientSqNorms(5.0, 2.0, small, big))
+    noise_lib.noise_estimates(date.GradientSqNorms(5.0, 2.0, small, big))
   with pytest.raises((ValueError, TypeError), match=field):
-    date.no_measurement(small, big)
+    noise_lib.no_measurement(small, big)
   with pytest.raises((ValueError, TypeError), match=field):
     _engine().update(PARAMS, _engine().init(PARAMS), PARAMS,
                      grad_sq_norms=date.GradientSqNorms(5.0, 2.0, small, big))
 
 
 def test_noise_readings_take_numpy_and_whole_float_batch_sizes():
-  grad_sq, trace = date.noise_estimates(date.GradientSqNorms(5.0, 2.375, np.int64(10), 80.0))
+  grad_sq, trace = noise_lib.noise_estimates(date.GradientSqNorms(5.0, 2.375, np.int64(10), 80.0))
   assert (float(grad_sq), float(trace)) == pytest.approx((2.0, 30.0))
 
 
 def test_group_and_replica_helpers_check_their_batch_size():
   with pytest.raises(ValueError, match="batch_size"):
-    date.combine_group_grads(jnp.zeros(2), jnp.ones((2, 3)), 0)
+    noise_lib.combine_group_grads(jnp.zeros(2), jnp.ones((2, 3)), 0)
   with pytest.raises(ValueError, match="batch_size=7.*num_groups=2"):
-    date.combine_group_grads(jnp.zeros(2), jnp.ones((2, 3)), 7)
+    noise_lib.combine_group_grads(jnp.zeros(2), jnp.ones((2, 3)), 7)
   with pytest.raises(ValueError, match="local_batch_size"):
     date.cross_replica_sq_norms({"w": jnp.ones(3)}, "data", 0)
 
@@ -182,7 +183,7 @@ def test_base_steps_that_is_not_a_whole_number_is_named_first(base_steps):
   with pytest.raises((TypeError, ValueError), match="base_steps"):
     _engine(base_steps=base_steps, warmup_steps=3)
   with pytest.raises((TypeError, ValueError), match="base_steps"):
-    date.predicted_steps(100.0, base_batch_size=32, batch_size=512, base_steps=base_steps)
+    noise_lib.predicted_steps(100.0, base_batch_size=32, batch_size=512, base_steps=base_steps)
 
 
 def test_batch_ladder_gives_ints_for_whole_floats_and_names_a_fraction():

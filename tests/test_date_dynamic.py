@@ -12,9 +12,11 @@ from jax.sharding import PartitionSpec as P
 
 import dateopt
 from dateopt import date, masks, transforms
-from dateopt.date import progress as progress_lib
-from dateopt.date import noise as noise_lib
-from dateopt.date import stats as stats_lib
+from dateopt.date import _progress as progress_lib
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _stats as stats_lib
+from dateopt.date import _builder as builder_lib
+from dateopt.date import _planner as planner_lib
 
 # ---- noise scale: formulas ----------------------------------------------------
 
@@ -23,36 +25,36 @@ def test_noise_estimates_invert_the_expected_norms():
   # |G|² = 2, tr Σ = 30: E|G_B|² = |G|² + tr Σ / B at B = 10 and B = 80.
   sq = date.GradientSqNorms(small=2 + 30 / 10, big=2 + 30 / 80, small_batch_size=10,
                             big_batch_size=80)
-  grad_sq, trace = date.noise_estimates(sq)
+  grad_sq, trace = noise_lib.noise_estimates(sq)
   assert float(grad_sq) == pytest.approx(2.0, rel=1e-6)
   assert float(trace) == pytest.approx(30.0, rel=1e-6)
 
 
 def test_noise_scale_ema_skips_non_finite_measurements():
-  state = date.init_noise_scale()
-  assert np.isnan(float(date.noise_scale(state)))
-  state = date.update_noise_scale(state, date.GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
-  state = date.update_noise_scale(state, date.GradientSqNorms(jnp.nan, 1.0, 10, 80), 0.9)
+  state = noise_lib.init_noise_scale()
+  assert np.isnan(float(noise_lib.noise_scale(state)))
+  state = noise_lib.update_noise_scale(state, date.GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
+  state = noise_lib.update_noise_scale(state, date.GradientSqNorms(jnp.nan, 1.0, 10, 80), 0.9)
   assert int(state.count) == 1
-  assert float(date.noise_scale(state)) == pytest.approx(15.0, rel=1e-5)
+  assert float(noise_lib.noise_scale(state)) == pytest.approx(15.0, rel=1e-5)
 
 
 def test_the_signal_ema_keeps_a_horizon_of_its_own():
   """|G|² reads 2, 2, 0.5 (tr Σ 30 each time). At decay 0.5 its bias-corrected EMA is
   (0.125·2 + 0.25·2 + 0.5·0.5)/0.875 = 1.1429 (hand arithmetic); tr Σ's, at 0.9, stays 30."""
   readings = [date.GradientSqNorms(g + 30 / 10, g + 30 / 80, 10, 80) for g in (2.0, 2.0, 0.5)]
-  state = date.init_noise_scale()
+  state = noise_lib.init_noise_scale()
   for sq in readings:
-    state = date.update_noise_scale(state, sq, 0.9, signal_decay=0.5)
-  grad_sq, trace = date.noise.corrected_estimates(state, 0.9)
+    state = noise_lib.update_noise_scale(state, sq, 0.9, signal_decay=0.5)
+  grad_sq, trace = noise_lib.corrected_estimates(state, 0.9)
   assert float(grad_sq) == pytest.approx(1.0 / 0.875, rel=1e-5)
   assert float(trace) == pytest.approx(30.0, rel=1e-5)
-  assert float(date.noise_scale(state)) == pytest.approx(30.0 * 0.875, rel=1e-5)
+  assert float(noise_lib.noise_scale(state)) == pytest.approx(30.0 * 0.875, rel=1e-5)
   # One decay for both (None, or the same number) is the EMA of before, bit for bit.
   for signal_decay in (None, 0.9):
-    same = date.init_noise_scale()
+    same = noise_lib.init_noise_scale()
     for sq in readings:
-      same = date.update_noise_scale(same, sq, 0.9, signal_decay=signal_decay)
+      same = noise_lib.update_noise_scale(same, sq, 0.9, signal_decay=signal_decay)
     want = 0.9 * (0.9 * 0.1 * 2.0 + 0.1 * 2.0) + 0.1 * 0.5  # the plain EMA, not corrected
     assert float(same.grad_sq_ema) == pytest.approx(want, rel=1e-5)
   with pytest.raises(ValueError, match="signal_decay"):
@@ -62,7 +64,7 @@ def test_the_signal_ema_keeps_a_horizon_of_its_own():
 def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
   """The engine reads with `signal_decay`: after |G|² falls from 4 to 1 (tr Σ 320), the
   20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's; by default
-  the engine reads at `date.SIGNAL_DECAY` (0.97)."""
+  the engine reads at `noise_lib.SIGNAL_DECAY` (0.97)."""
   base = optax.constant_schedule(1e-3)
   make = lambda **signal: date.adaptive(
       lambda learning_rate: optax.sgd(learning_rate), base, base_batch_size=32,
@@ -76,11 +78,11 @@ def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
     update = jax.jit(functools.partial(tx.update, params=params))
     for g in [4.0] * 100 + [1.0] * 40:
       _, state = update({"w": jnp.ones(3)}, state, grad_sq_norms=sq(g))
-    readings.append(float(date.noise_scale(state.noise)))
+    readings.append(float(noise_lib.noise_scale(state.noise)))
   # Hand arithmetic: the bias-corrected EMA at decay d gives the 100 old readings the weight
   # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231),
   # 0.286 at 0.97 (B_noise 172).
-  assert date.SIGNAL_DECAY == 0.97
+  assert noise_lib.SIGNAL_DECAY == 0.97
   for got, d in zip(readings, (0.99, 0.95, 0.97)):
     old_share = (d ** 40 - d ** 140) / (1 - d ** 140)
     assert got == pytest.approx(320 / (4 * old_share + (1 - old_share)), rel=1e-4)
@@ -92,16 +94,16 @@ def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
   """|G|² = 2, tr Σ = 30 for 10 measurements (decay 0.9), then a spike reading |G|² = -500,
   tr Σ = 3,000 at B = 80: it enters as -4·(2 + 30/80) = -9.5 and 4·30 = 120 (hand arithmetic)."""
   steady = date.GradientSqNorms(5.0, 2.375, 10, 80)
-  state = date.init_noise_scale()
+  state = noise_lib.init_noise_scale()
   # Before CLIP_AFTER measurements nothing is clipped: the first reading is 30 times the rest.
-  first = date.update_noise_scale(state, date.GradientSqNorms(2 + 900 / 10, 2 + 900 / 80, 10, 80),
+  first = noise_lib.update_noise_scale(state, date.GradientSqNorms(2 + 900 / 10, 2 + 900 / 80, 10, 80),
                                   0.9)
   assert float(first.trace_ema) == pytest.approx(0.1 * 900.0, rel=1e-5)
-  for _ in range(date.noise.CLIP_AFTER):
-    state = date.update_noise_scale(state, steady, 0.9)
+  for _ in range(noise_lib.CLIP_AFTER):
+    state = noise_lib.update_noise_scale(state, steady, 0.9)
   spike = date.GradientSqNorms(-500 + 3000 / 10, -500 + 3000 / 80, 10, 80)
-  assert [float(x) for x in date.noise_estimates(spike)] == pytest.approx([-500, 3000], rel=1e-5)
-  after = date.update_noise_scale(state, spike, 0.9)
+  assert [float(x) for x in noise_lib.noise_estimates(spike)] == pytest.approx([-500, 3000], rel=1e-5)
+  after = noise_lib.update_noise_scale(state, spike, 0.9)
   assert float(after.grad_sq_ema) == pytest.approx(0.9 * float(state.grad_sq_ema) - 0.95,
                                                    rel=1e-5)
   assert float(after.trace_ema) == pytest.approx(0.9 * float(state.trace_ema) + 12.0, rel=1e-5)
@@ -111,10 +113,10 @@ def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
 
 def test_adascale_gain_and_efficiency():
   # gain = (1 + B_noise/B0)/(1 + B_noise/B) = (1 + 10)/(1 + 1) = 5.5 for S = 10.
-  assert date.adascale_gain(1000.0, 100, 1000) == pytest.approx(5.5)
-  assert date.expected_efficiency(1000.0, 100, 1000) == pytest.approx(0.55)
-  assert date.expected_efficiency(1e9, 100, 1600) == pytest.approx(1.0, rel=1e-5)
-  assert date.expected_efficiency(1e-3, 100, 1600) == pytest.approx(1 / 16, rel=1e-4)
+  assert noise_lib.adascale_gain(1000.0, 100, 1000) == pytest.approx(5.5)
+  assert noise_lib.expected_efficiency(1000.0, 100, 1000) == pytest.approx(0.55)
+  assert noise_lib.expected_efficiency(1e9, 100, 1600) == pytest.approx(1.0, rel=1e-5)
+  assert noise_lib.expected_efficiency(1e-3, 100, 1600) == pytest.approx(1 / 16, rel=1e-4)
 
 
 # ---- noise scale on least squares with a known gradient covariance ---------------
@@ -232,8 +234,8 @@ def test_lars_step_norms_are_those_of_the_trust_ratio_scaled_gradients():
   λ_l = |output_l|/|ḡ_l| weights the groups' norms."""
   params, _ = _tree()
   group_grads = _group_grads(params)
-  scales = date.noise_leaf_scales(_lars_step_recipe(weight_decay=0.0), params)
-  _, mean, sq = date.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
+  scales = builder_lib.noise_leaf_scales(_lars_step_recipe(weight_decay=0.0), params)
+  _, mean, sq = noise_lib.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
   lars = dateopt.scale_by_lars_trust_ratio(weight_decay=0.0)
   step, _ = lars.update(mean, lars.init(params), params)
   norm = lambda x: float(np.linalg.norm(np.asarray(x)))
@@ -251,21 +253,21 @@ def test_lars_step_scales_follow_the_recipe_and_cross_replica_agrees_with_groups
   params, _ = _tree()
   group_grads = _group_grads(params, REPLICAS)
   recipe = _lars_step_recipe(weight_decay=0.01, trust_coefficient=0.02)
-  scales = date.noise_leaf_scales(recipe, params)
+  scales = builder_lib.noise_leaf_scales(recipe, params)
   mean = jax.tree.map(lambda g: jnp.mean(g, axis=0), group_grads)
   expected = transforms.lars_trust_ratios(mean, params, weight_decay=0.01,
                                          trust_coefficient=0.02,
                                          mask=masks.exclude_bias_and_norm)  # the recipe's
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), scales(mean), expected)
-  assert date.noise_leaf_scales(recipe.replace(noise_of="gradient"), params) is None
+  assert builder_lib.noise_leaf_scales(recipe.replace(noise_of="gradient"), params) is None
   # Options the optimizer takes reach the scales too (eps in the denominator, the mode).
   optioned = recipe.replace(optimizer_options={"eps": 1.0, "mode": "optax"})
   expected_optioned = transforms.lars_trust_ratios(
       mean, params, weight_decay=0.01, trust_coefficient=0.02, eps=1.0, mode="optax",
       mask=masks.exclude_bias_and_norm)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
-               date.noise_leaf_scales(optioned, params)(mean), expected_optioned)
-  _, _, grouped = date.combine_group_grads(jnp.zeros(REPLICAS), group_grads, 64,
+               builder_lib.noise_leaf_scales(optioned, params)(mean), expected_optioned)
+  _, _, grouped = noise_lib.combine_group_grads(jnp.zeros(REPLICAS), group_grads, 64,
                                            leaf_scales=scales)
   mesh = jax.make_mesh((REPLICAS,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
 
@@ -290,10 +292,10 @@ def test_grouped_value_and_grad_takes_the_recipes_scales_at_the_steps_params():
        + p["c"]["bias"]) ** 2)
   recipe = _lars_step_recipe(weight_decay=1e-3)
   got = date.grouped_value_and_grad(
-      loss, 4, leaf_scales=functools.partial(date.noise_leaf_scales, recipe))(params, x)
+      loss, 4, leaf_scales=functools.partial(builder_lib.noise_leaf_scales, recipe))(params, x)
   values, group_grads = date.per_group_value_and_grad(loss, 4)(params, x)
-  expected = date.combine_group_grads(values, group_grads, 16,
-                                      leaf_scales=date.noise_leaf_scales(recipe, params))
+  expected = noise_lib.combine_group_grads(values, group_grads, 16,
+                                      leaf_scales=builder_lib.noise_leaf_scales(recipe, params))
   plain = date.grouped_value_and_grad(loss, 4)(params, x)
   for field in ("small", "big"):
     assert float(getattr(got[2], field)) == pytest.approx(float(getattr(expected[2], field)),
@@ -321,8 +323,8 @@ def test_adam_step_norms_are_the_gradient_in_adams_metric():
   group_grads = _group_grads(params)
   recipe = _lars_step_recipe(optimizer="adam", b2=0.99, eps=1e-3, noise_of="adam_step")
   state = _adam_state_after(params, 3)
-  scales = date.noise_leaf_scales(recipe, params, state)
-  _, _, sq = date.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
+  scales = builder_lib.noise_leaf_scales(recipe, params, state)
+  _, _, sq = noise_lib.combine_group_grads(jnp.zeros(4), group_grads, 32, leaf_scales=scales)
   nu = jax.tree.leaves(state[1][0].nu)
   factors = [1 / (np.sqrt(np.asarray(v) / (1 - 0.99 ** 3)) + 1e-3) for v in nu]
   groups = [np.asarray(g) for g in jax.tree.leaves(group_grads)]
@@ -331,7 +333,7 @@ def test_adam_step_norms_are_the_gradient_in_adams_metric():
   big = sum(np.sum((f * g.mean(0)) ** 2) for f, g in zip(factors, groups))
   assert float(sq.small) == pytest.approx(small, rel=1e-5)
   assert float(sq.big) == pytest.approx(big, rel=1e-5)
-  plain = date.combine_group_grads(jnp.zeros(4), group_grads, 32)[2]
+  plain = noise_lib.combine_group_grads(jnp.zeros(4), group_grads, 32)[2]
   assert float(sq.small) != pytest.approx(float(plain.small), rel=0.01)
 
 
@@ -339,7 +341,7 @@ def test_adam_step_before_the_first_update_measures_the_gradient():
   """At t = 0 Adam has no second moments: every factor is 1 (not 0/0)."""
   params, _ = _tree()
   recipe = _lars_step_recipe(optimizer="adamw", noise_of="adam_step")
-  scales = date.noise_leaf_scales(recipe, params, _adam_state_after(params, 0))(None)
+  scales = builder_lib.noise_leaf_scales(recipe, params, _adam_state_after(params, 0))(None)
   for factor in jax.tree.leaves(scales):
     np.testing.assert_array_equal(factor, np.ones_like(factor))
 
@@ -348,7 +350,7 @@ def test_adam_step_needs_an_adam_state():
   params, _ = _tree()
   recipe = _lars_step_recipe(optimizer="adam", noise_of="adam_step")
   with pytest.raises(ValueError, match="noise_of='adam_step' reads Adam's second moments"):
-    date.noise_leaf_scales(recipe, params, optax.sgd(0.1).init(params))
+    builder_lib.noise_leaf_scales(recipe, params, optax.sgd(0.1).init(params))
 
 
 @pytest.mark.parametrize("fields, match", [
@@ -378,12 +380,12 @@ def test_auto_measures_the_lars_step_where_it_can_and_the_gradient_elsewhere(fie
   params, _ = _tree()
   recipe = _lars_step_recipe(**{"noise_of": "auto", **fields})
   assert recipe.measured_noise_of == measured
-  scales = date.noise_leaf_scales(recipe, params)
+  scales = builder_lib.noise_leaf_scales(recipe, params)
   assert (scales is None) == (measured == "gradient")
   if scales is not None:  # the same scales as the explicit choice
     mean = jax.tree.map(lambda p: jnp.ones_like(p), params)
     jax.tree.map(np.testing.assert_array_equal, scales(mean),
-                 date.noise_leaf_scales(recipe.replace(noise_of="lars_step"), params)(mean))
+                 builder_lib.noise_leaf_scales(recipe.replace(noise_of="lars_step"), params)(mean))
 
 
 # ---- per-step statistics ------------------------------------------------------------
@@ -404,14 +406,14 @@ def test_trust_ratio_summary_matches_numpy():
   ratios = [eta * np.linalg.norm(params[k]["kernel"]) /
             (np.linalg.norm(grads[k]["kernel"]) + beta * np.linalg.norm(params[k]["kernel"]))
             for k in ("a", "b", "c")]  # the bias is masked out
-  got = date.trust_ratio_summary(grads, params, trust_coefficient=eta, weight_decay=beta)
+  got = stats_lib.trust_ratio_summary(grads, params, trust_coefficient=eta, weight_decay=beta)
   np.testing.assert_allclose(got, [min(ratios), np.median(ratios), max(ratios)], rtol=1e-5)
 
 
 def test_compute_statistics_norms_and_update_ratio():
   params, grads = _tree()
   updates = jax.tree.map(lambda g: -0.5 * g, grads)
-  s = date.compute_statistics(grads, updates, params)
+  s = stats_lib.compute_statistics(grads, updates, params)
   flat = lambda t: np.concatenate([np.ravel(x) for x in jax.tree.leaves(t)])
   assert float(s.grad_norm) == pytest.approx(np.linalg.norm(flat(grads)), rel=1e-5)
   assert float(s.update_to_param_ratio) == pytest.approx(
@@ -430,7 +432,7 @@ def test_track_statistics_leaves_updates_alone_inside_a_jitted_chain():
     ref_updates, ref_state = ref_step(grads, ref_state, params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), updates, ref_updates)
   logged = date.statistics(state)
-  assert set(logged) == set(date.TrainingStatistics._fields)
+  assert set(logged) == set(stats_lib.TrainingStatistics._fields)
   assert float(logged["update_norm"]) == pytest.approx(float(optax.tree.norm(updates)),
                                                        rel=1e-5)
 
@@ -477,11 +479,11 @@ def test_docstring_examples(module):
 
 def test_noise_scale_is_infinite_when_the_signal_estimate_is_not_positive():
   # |G|² estimate = (B_big·|G_b|² − B_small·|G_s|²)/(B_big − B_small) < 0 here.
-  state = date.update_noise_scale(date.init_noise_scale(),
+  state = noise_lib.update_noise_scale(noise_lib.init_noise_scale(),
                                   date.GradientSqNorms(5.0, 0.5, 10, 80))
   assert float(state.grad_sq_ema) < 0
-  assert float(date.noise_scale(state)) == float("inf")
-  assert np.isnan(float(date.noise_scale(date.init_noise_scale())))
+  assert float(noise_lib.noise_scale(state)) == float("inf")
+  assert np.isnan(float(noise_lib.noise_scale(noise_lib.init_noise_scale())))
 
 
 # ---- the law: gain, efficiency, predicted steps ------------------------------------
@@ -489,35 +491,35 @@ def test_noise_scale_is_infinite_when_the_signal_estimate_is_not_positive():
 
 def test_gain_from_estimates_matches_the_closed_form_and_is_clipped():
   # |G|² = 1, tr Σ = 320 (B_noise = 320), measured exactly (decay 0).
-  state = date.update_noise_scale(date.init_noise_scale(),
+  state = noise_lib.update_noise_scale(noise_lib.init_noise_scale(),
                                   date.GradientSqNorms(1 + 320 / 64, 1 + 320 / 512, 64, 512),
                                   0.0)
-  assert float(date.gain_from_estimates(state, 32, 512)) == pytest.approx(
-      date.adascale_gain(320.0, 32, 512), rel=1e-5)
-  assert date.adascale_gain(320.0, 32, 512) == pytest.approx((1 + 10) / (1 + 0.625))
+  assert float(noise_lib.gain_from_estimates(state, 32, 512)) == pytest.approx(
+      noise_lib.adascale_gain(320.0, 32, 512), rel=1e-5)
+  assert noise_lib.adascale_gain(320.0, 32, 512) == pytest.approx((1 + 10) / (1 + 0.625))
   # No measurement yet: the baseline's pace. Pure noise: k. No noise: 1.
-  assert float(date.gain_from_estimates(date.init_noise_scale(), 32, 512)) == 1.0
-  noise_only = date.NoiseScaleState(jnp.float32(-1.0), jnp.float32(5.0), jnp.int32(3))
-  assert float(date.gain_from_estimates(noise_only, 32, 512)) == pytest.approx(16.0)
-  signal_only = date.NoiseScaleState(jnp.float32(2.0), jnp.float32(-5.0), jnp.int32(3))
-  assert float(date.gain_from_estimates(signal_only, 32, 512)) == 1.0
-  assert date.adascale_gain(float("inf"), 32, 512) == 16.0
+  assert float(noise_lib.gain_from_estimates(noise_lib.init_noise_scale(), 32, 512)) == 1.0
+  noise_only = noise_lib.NoiseScaleState(jnp.float32(-1.0), jnp.float32(5.0), jnp.int32(3))
+  assert float(noise_lib.gain_from_estimates(noise_only, 32, 512)) == pytest.approx(16.0)
+  signal_only = noise_lib.NoiseScaleState(jnp.float32(2.0), jnp.float32(-5.0), jnp.int32(3))
+  assert float(noise_lib.gain_from_estimates(signal_only, 32, 512)) == 1.0
+  assert noise_lib.adascale_gain(float("inf"), 32, 512) == 16.0
 
 
 def test_predicted_steps_by_hand():
   # gain(B_noise = 1000, 100 -> 1000) = 11/2 = 5.5; 5500 baseline steps, no warmup.
   at_1000 = {"base_batch_size": 100, "batch_size": 1000}
-  assert date.predicted_steps(1000.0, **at_1000, base_steps=5500) == 1000
+  assert noise_lib.predicted_steps(1000.0, **at_1000, base_steps=5500) == 1000
   # With a 10-step ramp: 5.5 · 11/2 = 30.25 covered in the ramp, (5500 − 30.25)/5.5 after.
-  assert date.predicted_steps(1000.0, **at_1000, base_steps=5500, warmup_steps=10) == (
+  assert noise_lib.predicted_steps(1000.0, **at_1000, base_steps=5500, warmup_steps=10) == (
       10 + int(np.ceil(5469.75 / 5.5)))
   # A baseline that ends inside the ramp: r·n(n+1)/(2W) ≥ T.
-  n = date.predicted_steps(1000.0, **at_1000, base_steps=20, warmup_steps=100)
+  n = noise_lib.predicted_steps(1000.0, **at_1000, base_steps=20, warmup_steps=100)
   assert 5.5 * n * (n + 1) / 200 >= 20 > 5.5 * (n - 1) * n / 200
   with pytest.raises(TypeError, match="noise_scale"):
-    date.predicted_steps("500", base_batch_size=32, batch_size=512, base_steps=7500)
+    noise_lib.predicted_steps("500", base_batch_size=32, batch_size=512, base_steps=7500)
   with pytest.raises(ValueError, match="noise_scale"):
-    date.predicted_steps(-1.0, base_batch_size=32, batch_size=512, base_steps=7500)
+    noise_lib.predicted_steps(-1.0, base_batch_size=32, batch_size=512, base_steps=7500)
 
 
 # ---- the adaptive engine ------------------------------------------------------------
@@ -568,7 +570,7 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
     lrs.append(float(optax.tree.get(state, "learning_rate")))
   w, want_lrs, taus = _adaptive_numpy(grads, sqs, lr0=lr0, b0=8, b=64, base_steps=60,
                                       warmup=5, rule=rule, decay=0.5,
-                                      signal_decay=date.SIGNAL_DECAY)  # the engine's default
+                                      signal_decay=noise_lib.SIGNAL_DECAY)  # the engine's default
   assert int(state.count) == len(want_lrs) < 40   # it stopped by itself
   assert float(state.progress) == pytest.approx(taus[-1], rel=1e-5) and taus[-1] >= 60
   np.testing.assert_allclose(lrs[:len(want_lrs)], want_lrs, rtol=1e-5)
@@ -626,9 +628,9 @@ def test_adaptive_plan_builds_the_adaptive_optimizer_and_explains_the_prediction
   assert (big.total_steps, big.warmup_steps, big.max_steps) == (7500, 63, 7563)
   assert big.learning_rate == base.learning_rate and big.steps_per_epoch == 15
   # The baseline's B_noise, as a run at 512 reads it: × 16^0.2 = 870.55 (the batch trend).
-  predicted = date.predicted_steps(500.0 * 16 ** 0.2, base_batch_size=32, batch_size=512,
+  predicted = noise_lib.predicted_steps(500.0 * 16 ** 0.2, base_batch_size=32, batch_size=512,
                                    base_steps=7500, warmup_steps=63)
-  assert date.plan_predicted_steps(big, 500.0) == predicted == 750
+  assert planner_lib.plan_predicted_steps(big, 500.0) == predicted == 750
   assert (f"{predicted} for B_noise = 500 at the baseline's batch, read × 1.74 at 512"
           in date.explain(base, big))
   tx, schedule = date.build(big)

@@ -14,6 +14,7 @@ import optax
 import pytest
 
 from dateopt import date, schedules
+from dateopt.date import _recipe as recipe_lib
 
 IMAGENET = 1_281_167
 
@@ -329,7 +330,7 @@ def test_build_rejects_unknown_optimizer_options_by_name():
     date.build(_constant_recipe(optimizer="lars", optimizer_options={"momentum": 0.5}))
 
 
-@pytest.mark.parametrize("optimizer", date.OPTIMIZERS)
+@pytest.mark.parametrize("optimizer", recipe_lib.OPTIMIZERS)
 def test_every_family_builds_and_steps_under_jit(optimizer):
   tx, _ = date.build(_constant_recipe(optimizer=optimizer, weight_decay=1e-4,
                                       learning_rate=0.01))
@@ -339,9 +340,9 @@ def test_every_family_builds_and_steps_under_jit(optimizer):
              for u in jax.tree.leaves(updates))
 
 
-@pytest.mark.parametrize("module", ["dateopt.date.recipe", "dateopt.date.planner",
-                                    "dateopt.date.builder", "dateopt.date",
-                                    "dateopt.date.batch_schedules", "dateopt.date.adam_scaling",
+@pytest.mark.parametrize("module", ["dateopt.date._recipe", "dateopt.date._planner",
+                                    "dateopt.date._builder", "dateopt.date",
+                                    "dateopt.date._batch_schedules", "dateopt.date._adam_scaling",
                                     "dateopt.study.compare"])
 def test_docstring_examples(module):
   result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)

@@ -17,7 +17,10 @@ import optax
 import pytest
 
 from dateopt import date, transforms
-from dateopt.date import divergence
+from dateopt.date import _divergence as divergence
+from dateopt.date import _divergence as divergence_lib
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _progress as progress_lib
 
 import conftest
 
@@ -150,19 +153,19 @@ def test_gain_rises_at_most_gain_rise_a_step_and_not_on_an_untrusted_estimate():
   tx, params = _engine(), {"w": jnp.ones(2)}
   state = tx.init(params)
   update = jax.jit(tx.update)
-  for noise_scale in [5000.0, 32.0] * (date.GAIN_SETTLE // 2):  # settling: as measured
+  for noise_scale in [5000.0, 32.0] * (progress_lib.GAIN_SETTLE // 2):  # settling: as measured
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(noise_scale, 512))
-    assert float(state.gain) == pytest.approx(date.adascale_gain(noise_scale, 32, 512), rel=1e-5)
+    assert float(state.gain) == pytest.approx(noise_lib.adascale_gain(noise_scale, 32, 512), rel=1e-5)
   for _ in range(3):
     before = float(state.gain)
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(5000.0, 512))
-    assert float(state.gain) == pytest.approx(before * (1 + date.GAIN_RISE), rel=1e-5)
+    assert float(state.gain) == pytest.approx(before * (1 + progress_lib.GAIN_RISE), rel=1e-5)
   before = float(state.gain)
   negative_signal = date.GradientSqNorms(10.0, 1.0, 128, 512)  # |G|² estimate < 0: noise only
   _, state = update(params, state, params, grad_sq_norms=negative_signal)
   assert float(state.gain) == pytest.approx(before)  # not raised (the raw gain is k = 16)
   _, state = update(params, state, params, grad_sq_norms=_sq_norms(1.0, 512))
-  assert float(state.gain) == pytest.approx(date.adascale_gain(1.0, 32, 512), rel=1e-4)  # falls
+  assert float(state.gain) == pytest.approx(noise_lib.adascale_gain(1.0, 32, 512), rel=1e-4)  # falls
 
 
 def test_guard_backoff_credits_its_share_and_a_skipped_step_credits_nothing():
@@ -442,19 +445,19 @@ def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
   update = jax.jit(tx.update)
   for loss in [2.3] * 10 + [0.5] * 85:
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(300.0, 512), value=loss)
-  assert float(state.gain) == pytest.approx(date.adascale_gain(300.0, 32, 512), rel=1e-5)
+  assert float(state.gain) == pytest.approx(noise_lib.adascale_gain(300.0, 32, 512), rel=1e-5)
   bump = _sq_norms(3000.0, 512)
   for _ in range(5):
     _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
-  assert not bool(date.may_grow_batch(state.watch))
+  assert not bool(divergence_lib.may_grow_batch(state.watch))
   assert not bool(divergence.loss_rising(state.watch))
   held = float(state.gain)
-  assert held < date.adascale_gain(3000.0, 32, 512) / (1 + date.GAIN_RISE)
+  assert held < noise_lib.adascale_gain(3000.0, 32, 512) / (1 + progress_lib.GAIN_RISE)
   for _ in range(3):
     _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
     assert float(state.gain) == held
   _, unwatched = update(params, state, params, grad_sq_norms=bump)
-  assert float(unwatched.gain) == pytest.approx(held * (1 + date.GAIN_RISE), rel=1e-6)
+  assert float(unwatched.gain) == pytest.approx(held * (1 + progress_lib.GAIN_RISE), rel=1e-6)
 
 
 def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
@@ -479,20 +482,20 @@ def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
   state = train(state, [2.3] * 10 + [0.5] * 110, 300.0)
   assert int(state.batch_size) == 512 and np.isinf(float(state.gain_cap))
   before = float(state.gain)
-  assert before == pytest.approx(date.adascale_gain(300.0, 32, 512), rel=1e-5)
+  assert before == pytest.approx(noise_lib.adascale_gain(300.0, 32, 512), rel=1e-5)
   state = train(state, [1.0] * 3, 300.0)
   assert bool(divergence.loss_rising(state.watch)) and float(state.gain) == 1.0
   assert float(state.gain_cap) == before
   state = train(state, [0.52] * 60, 3000.0)
-  assert bool(date.may_grow_batch(state.watch)) and not bool(divergence.loss_rising(state.watch))
+  assert bool(divergence_lib.may_grow_batch(state.watch)) and not bool(divergence.loss_rising(state.watch))
   assert float(state.watch.ema) > float(state.watch.best)
   assert float(state.gain) == before and float(state.gain_cap) == before
   assert int(state.batch_size) == 512
-  assert date.wants_next_rung(int(state.count) // 20 * 20, 3000.0, batch_size=512,
+  assert progress_lib.wants_next_rung(int(state.count) // 20 * 20, 3000.0, batch_size=512,
                               next_batch_size=1024, max_batch_size=1024, warmup_steps=0)
   state = train(state, [0.3] * 30, 3000.0)
   assert np.isinf(float(state.gain_cap))
-  assert float(state.gain) > before * (1 + date.GAIN_RISE)
+  assert float(state.gain) > before * (1 + progress_lib.GAIN_RISE)
   assert int(state.batch_size) == 1024
 
 

@@ -9,10 +9,12 @@ import optax
 import pytest
 
 from dateopt import date, train
-from dateopt.date import divergence
-from dateopt.date.noise import init_noise_scale, noise_scale, update_noise_scale
-from dateopt.date.progress import ENGINE_RULES, check_rules_off
+from dateopt.date import _divergence as divergence
+from dateopt.date._noise import init_noise_scale, noise_scale, update_noise_scale
+from dateopt.date._progress import ENGINE_RULES, check_rules_off
 from dateopt.train.experiment import build_optimizer, engine_rules_off
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _progress as progress_lib
 
 PARAMS = {"w": jnp.ones(2)}
 
@@ -62,12 +64,12 @@ def test_every_rule_has_a_name_and_a_bad_name_is_refused():
 
 
 def test_gain_rise_bound_off_the_gain_is_the_measured_one():
-  steps = [(5000.0, None), (32.0, None)] * (date.GAIN_SETTLE // 2) + [(5000.0, None)]
+  steps = [(5000.0, None), (32.0, None)] * (progress_lib.GAIN_SETTLE // 2) + [(5000.0, None)]
   # The readings as read: winsorized, the last one would count as 4 × the one before.
   _, _, bounded = _run(_engine(("winsorized_readings",)), steps)
   _, _, free = _run(_engine(("winsorized_readings", "gain_rise_bound")), steps)
-  assert bounded[-1] == pytest.approx(bounded[-2] * (1 + date.GAIN_RISE), rel=1e-5)
-  assert free[-1] == pytest.approx(date.adascale_gain(5000.0, 32, 512), rel=1e-5)
+  assert bounded[-1] == pytest.approx(bounded[-2] * (1 + progress_lib.GAIN_RISE), rel=1e-5)
+  assert free[-1] == pytest.approx(noise_lib.adascale_gain(5000.0, 32, 512), rel=1e-5)
   assert free[:-1] == pytest.approx(bounded[:-1])  # the settling steps: as measured either way
 
 
@@ -90,7 +92,7 @@ def test_gain_hold_until_learnt_off_a_plateau_takes_its_measured_gain():
   _, _, held = _run(_engine(**fixed), steps)
   _, _, free = _run(_engine(("gain_hold_until_learnt",), **fixed), steps)
   assert held == pytest.approx([np.sqrt(8)] * 60, rel=1e-6)
-  assert free[-1] == pytest.approx(date.adascale_gain(1000.0, 32, 256), rel=1e-5)  # 6.57
+  assert free[-1] == pytest.approx(noise_lib.adascale_gain(1000.0, 32, 256), rel=1e-5)  # 6.57
 
 
 def test_bump_ceiling_off_the_gain_and_the_batch_follow_the_readings_after_a_bump():
@@ -101,9 +103,9 @@ def test_bump_ceiling_off_the_gain_and_the_batch_follow_the_readings_after_a_bum
   steps = [(300.0, 2.3)] * 10 + [(300.0, 0.5)] * 110 + [(300.0, 1.0)] * 3 + [(3000.0, 0.52)] * 60
   capped, _, capped_gains = _run(_engine(**grown), steps)
   free, _, free_gains = _run(_engine(("bump_ceiling",), **grown), steps)
-  before = date.adascale_gain(300.0, 32, 512)
+  before = noise_lib.adascale_gain(300.0, 32, 512)
   assert capped_gains[-1] == pytest.approx(before, rel=1e-5) and int(capped.batch_size) == 512
-  assert np.isinf(float(free.gain_cap)) and free_gains[-1] > before * (1 + date.GAIN_RISE)
+  assert np.isinf(float(free.gain_cap)) and free_gains[-1] > before * (1 + progress_lib.GAIN_RISE)
   assert int(free.batch_size) == 1024
 
 

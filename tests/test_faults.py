@@ -877,7 +877,7 @@ def test_a_grown_run_recorded_before_the_noise_credit_resumes_only_with_the_cred
 
 
 def test_a_run_recorded_before_the_two_noise_horizons_resumes_only_with_one(tmp_path):
-  """A record without `signal_decay`, or with the eighteenth session's null, ran both noise
+  """A record without `signal_decay`, or with a null one (older versions), ran both noise
   EMAs at 0.99: the default 0.97 would change the run halfway, so its resume is refused, and
   `--config.signal_decay=0.99` (the same engine, bit for bit) resumes it."""
   recipe = date.Recipe(batch_size=32, num_examples=8000, num_epochs=2, learning_rate=1e-3)

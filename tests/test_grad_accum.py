@@ -22,6 +22,7 @@ from dateopt.train import accumulation, parallel
 from dateopt.train.steps import apply_model
 from dateopt.train.experiment import gradient_groups
 from dateopt.train.layout import BatchLayout
+from dateopt.date import _noise as noise_lib
 
 import tiny_config  # tests/tiny_config.py: MNIST-1D LSTM, batch 64, grad_groups 8
 
@@ -86,8 +87,8 @@ def test_accumulated_step_gives_the_one_batch_update(one_and_accumulated):
 def test_noise_scale_statistics_and_guard_match_the_one_batch_step(one_and_accumulated):
   (one_states, one_metrics), (acc_states, acc_metrics) = one_and_accumulated
   for one, acc in zip(one_states, acc_states):
-    one_noise = optax.tree.get(one.opt_state, date.NoiseScaleState.__name__)
-    acc_noise = optax.tree.get(acc.opt_state, date.NoiseScaleState.__name__)
+    one_noise = optax.tree.get(one.opt_state, noise_lib.NoiseScaleState.__name__)
+    acc_noise = optax.tree.get(acc.opt_state, noise_lib.NoiseScaleState.__name__)
     assert int(acc_noise.count) == int(one_noise.count) == 1  # measured on step 1 only
     _assert_trees_close(acc_noise, one_noise, rtol=1e-4)
     one_guard = optax.tree.get(one.opt_state, date.DivergenceGuardState.__name__)

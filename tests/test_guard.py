@@ -10,8 +10,8 @@ import optax
 import pytest
 from sklearn.datasets import load_digits
 
-from dateopt.date import guard as guard_lib
-from dateopt.date.guard import DivergenceGuardState, divergence_guard
+from dateopt.date import _guard as guard_lib
+from dateopt.date._guard import DivergenceGuardState, divergence_guard
 
 # ---- healthy runs: a tiny MLP on scikit-learn's digits ------------------------------
 

@@ -1,7 +1,8 @@
-"""The package's shape (issue 21's bar): no import circle, short functions, a short trainer."""
+"""The package's shape: no import circle, short functions, a short trainer, a short API."""
 
 import ast
 import pathlib
+import pkgutil
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "dateopt"
 MAX_FUNCTION_LINES = 80  # lines of code, docstring and comments aside
@@ -116,7 +117,7 @@ def test_the_trainer_reads_in_one_sitting():
   assert len(lines) <= MAX_TRAINER_LINES
 
 
-MAX_POSITIONAL = 3  # issue 21: keyword-only arguments where a function has more than three
+MAX_POSITIONAL = 3  # keyword-only arguments where a function has more than three
 # Signatures fixed by their caller, not by dateopt.
 FIXED_SIGNATURES = {
     "train/polish.py:record_input": "flax's method interceptor (next_fun, args, kwargs, context)",
@@ -152,3 +153,18 @@ def test_the_positional_check_finds_a_long_signature():
             "class C:\n  def __init__(self, a, b, c, d): pass\n"
             "def wide(a, b, c, d=1): pass\n")
   assert sorted(_too_many_positional(source, "m.py")) == ["m.py:__init__", "m.py:wide"]
+
+
+MAX_DATE_EXPORTS = 30  # what a user calls; the engine's helpers stay behind it
+
+
+def test_dateopt_date_exports_a_short_api_and_keeps_its_engine_modules_private():
+  from dateopt import date
+  assert len(date.__all__) <= MAX_DATE_EXPORTS, sorted(date.__all__)
+  assert len(set(date.__all__)) == len(date.__all__)
+  assert [name for name in date.__all__ if not hasattr(date, name)] == []
+  public_modules = [module.name for module in pkgutil.iter_modules(date.__path__)
+                    if not module.name.startswith("_")]
+  assert public_modules == [], "engine modules are private (optax's _src convention)"
+  # The constants and rule helpers are not the API: no upper-case name is exported.
+  assert [name for name in date.__all__ if name.isupper()] == []

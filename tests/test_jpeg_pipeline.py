@@ -1,4 +1,4 @@
-"""The JPEG pipeline (issue 23): crops decoded at their scale, worker processes, uint8 inputs
+"""The JPEG pipeline: crops decoded at their scale, worker processes, uint8 inputs
 normalised by the model, and the trainer's device prefetch."""
 
 import io

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from dateopt import date, study
+from dateopt import study
+from dateopt.date import _noise as noise_lib
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -18,10 +19,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_effective_noise_scale_gives_the_harmonic_mean_gain():
   values = [500.0, math.inf, 100.0, 40.0]
-  gains = [date.adascale_gain(v, 32, 512) for v in values]
+  gains = [noise_lib.adascale_gain(v, 32, 512) for v in values]
   harmonic = len(gains) / sum(1 / g for g in gains)
   b_eff = study.effective_noise_scale(values, 32, 512)
-  assert date.adascale_gain(b_eff, 32, 512) == pytest.approx(harmonic, rel=1e-9)
+  assert noise_lib.adascale_gain(b_eff, 32, 512) == pytest.approx(harmonic, rel=1e-9)
   assert study.effective_noise_scale([math.inf], 32, 512) == math.inf
 
 

@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from dateopt import date
+from dateopt.date import _builder as builder_lib
 
 from import_isolation import assert_not_loaded  # tests/import_isolation.py
 
@@ -124,8 +125,8 @@ def test_every_reader_takes_the_nnx_optimizer_and_its_opt_state():
     assert not date.diverged(state) and not date.gave_up(state)
     assert jax.tree.map(float, date.statistics(state)) == pytest.approx(
         jax.tree.map(float, date.statistics(reference)), nan_ok=True)
-    for scales in (date.adam_preconditioner(state, b2=0.999, eps=1e-8),
-                   date.noise_leaf_scales(recipe, params, opt_state=state)(None)):
+    for scales in (builder_lib.adam_preconditioner(state, b2=0.999, eps=1e-8),
+                   builder_lib.noise_leaf_scales(recipe, params, opt_state=state)(None)):
       assert jax.tree.map(jnp.shape, jax.tree.leaves(scales)) == [(1,), (4, 1)]  # bias, kernel
   assert date.as_optax_state(reference) is reference  # optax state comes back as it is
 

@@ -7,8 +7,10 @@ The pages scanned are the Markdown sources Sphinx builds: docs/**/*.md less docs
 
 import ast
 import fnmatch
+import io
 import pathlib
 import re
+import tokenize
 
 import pytest
 
@@ -91,7 +93,7 @@ def test_no_page_links_to_notes_or_numbers_its_making(page):
 
 def _docstrings(path: pathlib.Path):
   """(line, docstring) of the module, class and function docstrings in `path`: the text
-  the API reference pages show (comments are not shown, and not scanned)."""
+  the API reference pages show."""
   tree = ast.parse(path.read_text())
   for node in ast.walk(tree):
     if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -103,9 +105,24 @@ def _docstrings(path: pathlib.Path):
 SOURCES = sorted((REPO / "dateopt").rglob("*.py"))
 
 
+def _comments(path: pathlib.Path):
+  """(line, comment) of each `#` comment in `path`: what a reader of the code reads."""
+  for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+    if token.type == tokenize.COMMENT:
+      yield token.start[0], token.string
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.relative_to(REPO).as_posix())
-def test_no_docstring_links_to_notes_or_numbers_its_making(source):
-  found = [f"{source.relative_to(REPO)}:{line}: {what}"
-           for line, text in _docstrings(source)
+def test_no_docstring_or_comment_links_to_notes_or_numbers_its_making(source):
+  found = [f"{source.relative_to(REPO)}:{line}: {what}: {text[:120]!r}"
+           for line, text in [*_docstrings(source), *_comments(source)]
            for what, pattern in FORBIDDEN.items() if pattern.search(text)]
   assert not found, "\n".join(found)
+
+
+def test_the_comment_scan_reads_comments_only(tmp_path):
+  source = tmp_path / "example.py"
+  source.write_text('x = "issue 7"  # see notes/divergence.md\n# since round 2\n')
+  assert [line for line, _ in _comments(source)] == [1, 2]
+  assert [what for _, text in _comments(source) for what, pattern in FORBIDDEN.items()
+          if pattern.search(text)] == ["a link to a notes/ file", "round numbering"]

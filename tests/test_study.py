@@ -15,6 +15,9 @@ import pytest
 from dateopt import configs, date, study
 from dateopt.study import __main__ as study_main
 from dateopt.train import experiment
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _planner as planner_lib
+from dateopt.date import _recipe as recipe_lib
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -75,7 +78,7 @@ def test_cell_configs_change_only_what_the_strategy_changes():
   _, recipe = _planned(adaptive, n)
   assert recipe.adaptive and recipe.base_batch_size == 8
   assert list(adaptive.plan.noise_scale) == [50.0]
-  assert date.plan_predicted_steps(recipe, 50.0) == date.predicted_steps(  # read × 4^0.2 at 32
+  assert planner_lib.plan_predicted_steps(recipe, 50.0) == noise_lib.predicted_steps(  # read × 4^0.2 at 32
       50.0 * 4 ** 0.2, base_batch_size=8, batch_size=32, base_steps=400,
       warmup_steps=recipe.warmup_steps)
 
@@ -89,20 +92,20 @@ def test_signal_decay_flag_sets_every_workload_s_config():
                            noise_scale=[50.0, 60.0])
   assert cell.signal_decay == 0.98  # the cells keep it
   args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}"])
-  assert study_main.workload_configs(args)["t"].signal_decay == date.SIGNAL_DECAY  # the default
+  assert study_main.workload_configs(args)["t"].signal_decay == noise_lib.SIGNAL_DECAY  # the default
 
 
 def test_effective_noise_scale_and_the_law_by_hand():
   # A constant noise scale is its own effective value.
   assert study.effective_noise_scale([500.0] * 3, 32, 512) == pytest.approx(500.0)
   values = [500.0, math.inf, 100.0, 40.0]
-  gains = [date.adascale_gain(v, 32, 512) for v in values]
+  gains = [noise_lib.adascale_gain(v, 32, 512) for v in values]
   harmonic = len(gains) / sum(1 / g for g in gains)
-  assert date.adascale_gain(study.effective_noise_scale(values, 32, 512), 32, 512) == (
+  assert noise_lib.adascale_gain(study.effective_noise_scale(values, 32, 512), 32, 512) == (
       pytest.approx(harmonic, rel=1e-9))
   # S(B) = S0 (1 + Bn/B)/(1 + Bn/B0): 1000 (1 + 100/1000)/(1 + 100/10) = 100.
-  assert date.law_steps(1000, 100.0, base_batch_size=10, batch_size=1000) == pytest.approx(100.0)
-  assert date.law_steps(1000, 100.0, base_batch_size=10, batch_size=10) == pytest.approx(1000.0)
+  assert noise_lib.law_steps(1000, 100.0, base_batch_size=10, batch_size=1000) == pytest.approx(100.0)
+  assert noise_lib.law_steps(1000, 100.0, base_batch_size=10, batch_size=10) == pytest.approx(1000.0)
 
 
 def _row(strategy, k, seed, accuracy, steps, curve, noise=()):
@@ -234,7 +237,7 @@ def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
   rows.append(_row("adaptive_grow", 16, 2, 0.97, 999, [(999, 0.97)]))  # no workdir
   lines = [line for line in study.law_report(runner, rows).splitlines() if "| w |" in line]
   ladder = date.batch_ladder(32, 512)
-  early = 400.0 * 4 ** date.NOISE_BATCH_EXPONENT
+  early = 400.0 * 4 ** recipe_lib.NOISE_BATCH_EXPONENT
   for line, profile, measured in zip(lines, ([100.0] * 100, [early] * 50 + [400.0] * 50),
                                      ("305, 4.88x", "510, 8.16x")):
     grown = date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
@@ -248,7 +251,7 @@ def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
                     f"| {measured} |")
   assert len(lines) == 2
   # The fixed runs' profile, read at their own batch, plays as logged: the closed form.
-  closed_form = date.predicted_steps(100.0, base_batch_size=32, batch_size=512, base_steps=1000,
+  closed_form = noise_lib.predicted_steps(100.0, base_batch_size=32, batch_size=512, base_steps=1000,
                                      warmup_steps=100)
   assert lines[0].split(" | ")[5].startswith(f"{closed_form:,} steps")
 
@@ -267,7 +270,7 @@ def test_prediction_report_plays_the_baseline_s_profile_for_each_cell(tmp_path):
   lines = [line for line in study.prediction_report(runner, runner.rows()).splitlines()
            if "| t |" in line]
   _, recipe = _planned(runner.config_for(study.Cell("t", "adaptive", 4, 0)))
-  predicted = date.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
+  predicted = noise_lib.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
                                    base_steps=400, warmup_steps=recipe.warmup_steps)
   assert lines == [f"| t | 4 | DATE adaptive | {predicted:,} | 150 | {predicted / 150 - 1:+.0%} "
                    f"| {predicted * 32 / 3200:.2f} | 1.50 |"]
@@ -284,7 +287,7 @@ def test_a_cell_plans_from_its_baseline_s_profile_with_inf_readings_held(tmp_pat
   config = runner.config_for(study.Cell("t", "adaptive", 4, 0))
   assert config.plan.noise_scale == [100.0] * 20
   _, recipe = _planned(config)
-  predicted = date.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
+  predicted = noise_lib.predicted_steps(100.0 * 4 ** 0.2, base_batch_size=8, batch_size=32,
                                    base_steps=400, warmup_steps=recipe.warmup_steps)
   assert config.eval_every_steps == predicted // study.cells.EVALS_PER_RUN
 
@@ -605,3 +608,28 @@ def test_the_study_language_model_is_the_main_jobs_recipe_with_two_blocks_and_ha
   model = make_transformer_lm(vocab_size=256, **small.model_kwargs)
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0), jnp.zeros((1, 128), jnp.int32))
   assert sum(x.size for x in jax.tree.leaves(shapes)) == 2 * 256 * 128 + 2 * block + 256 == 462_336
+
+
+def test_a_cell_whose_rule_has_no_recipe_is_kept_with_its_reason_and_not_run(tmp_path,
+                                                                              monkeypatch):
+  """The tiny workload runs 2 epochs with 0.02 of warmup: LEGW at 128× warms up for
+  0.02 × 128 = 2.56 epochs, longer than the run, so the planner refuses it; at 4× (0.08)
+  it plans and runs. The refusal is kept, reported, and a re-run does not retry it."""
+  ran = []
+
+  def fake_run(cell, config, workdir):
+    ran.append(cell.key)
+    return {"key": cell.key, **vars(cell), "noise_scales": [], "final_accuracy": 0.5,
+            "steps": 10, "wall_seconds": 1.0}
+
+  monkeypatch.setattr(study.runner, "run_cell", fake_run)
+  runner = study.Study(str(tmp_path), {"t": configs.load(TINY)})
+  refused, plannable = study.Cell("t", "legw", 128, 0), study.Cell("t", "legw", 4, 0)
+  runner.run([refused, plannable], progress=False)
+  assert ran == [plannable.key]
+  [row] = runner.unplannable()
+  assert row["key"] == refused.key and row["multiple"] == 128
+  assert "warmup_epochs must be in [0, 2), got 2.56" in row["reason"]
+  runner.run([refused, plannable], progress=False)
+  assert ran == [plannable.key]  # neither is run again
+  assert f"`{refused.key}` (budget 1×): warmup_epochs" in study_main.unplannable_report(runner)

@@ -5,7 +5,7 @@ import doctest
 import pytest
 
 from dateopt import configs
-from dateopt.date.progress import ENGINE_RULES
+from dateopt.date._progress import ENGINE_RULES
 from dateopt.study import Cell, ablation, cell_config, cells, compare
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dateopt import date, train
+from dateopt.date import _noise as noise_lib
 
 import conftest  # tests/conftest.py: the XLA flags the subprocesses need too
 import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
@@ -124,7 +125,7 @@ def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
 
 def test_the_config_s_signal_decay_is_the_engine_s():
   # config.py stays free of JAX, so it spells the engine's constant out; this ties the two.
-  assert train.default_config().signal_decay == date.SIGNAL_DECAY
+  assert train.default_config().signal_decay == noise_lib.SIGNAL_DECAY
 
 
 def test_missing_dataset_files_fail_before_compiling(tmp_path):
@@ -325,7 +326,7 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   baseline_steps = result.baseline.total_steps           # 2 epochs of 960 at batch 16
   assert result.recipe.adaptive and baseline_steps == 120
   assert baseline_steps // 4 <= result.steps < baseline_steps   # 1 ≤ gain ≤ k = 4
-  assert result.predicted_steps == date.predicted_steps(  # B_noise 50 read × 4^0.2 at 64
+  assert result.predicted_steps == noise_lib.predicted_steps(  # B_noise 50 read × 4^0.2 at 64
       50.0 * 4 ** 0.2, base_batch_size=16, batch_size=64, base_steps=120,
       warmup_steps=result.recipe.warmup_steps)
   rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]

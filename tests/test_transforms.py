@@ -404,8 +404,8 @@ def test_wrong_types_and_non_finite_hyper_parameters_are_refused_at_construction
 
 
 @pytest.mark.parametrize("module", ["dateopt.transforms", "dateopt.schedules", "dateopt.masks",
-                                    "dateopt.epochs", "dateopt.date.divergence",
-                                    "dateopt.date.guard", "dateopt.metrics_io",
+                                    "dateopt.epochs", "dateopt.date._divergence",
+                                    "dateopt.date._guard", "dateopt.metrics_io",
                                     "dateopt.models.transformer"])
 def test_docstring_examples_of_the_optax_level_modules(module):
   import doctest  # pylint: disable=import-outside-toplevel

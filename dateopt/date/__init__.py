@@ -8,11 +8,11 @@ schedule at the pace the gradient noise scale measured each step allows
 other optax wrappers a trainer plugs in: `measure_noise_scale` (the noise EMAs
 alone), `track_statistics` (gradient norm, trust ratios, update ratio) and
 `divergence_guard` (skip bad steps, back the LR off, recover it). The field's
-fixed batch schedules (`plan(base, max_batch, "seesaw")`, `scheduled_batch`,
-`dateopt.date.batch_schedules`) grow the batch with nothing measured. An
-adaptive run that diverges is held and, if it stays diverged, given up:
-`diverged(state)` and `gave_up(state)` say so. Every reader of the state takes
-an optax state, or a Flax nnx `Optimizer` or its `opt_state` (`as_optax_state`).
+fixed batch schedules (`plan(base, max_batch, "seesaw")`, `scheduled_batch`)
+grow the batch with nothing measured. An adaptive run that diverges is held
+and, if it stays diverged, given up: `diverged(state)` and `gave_up(state)` say
+so. Every reader of the state takes an optax state, or a Flax nnx `Optimizer` or
+its `opt_state` (`as_optax_state`).
 
 Example:
   >>> from dateopt import date
@@ -23,178 +23,65 @@ Example:
   >>> tx, schedule = date.build(big)
   >>> tx = date.track_statistics(date.divergence_guard(tx))
   >>> adaptive_tx, base_schedule = date.build(date.plan(base, 16384, "adaptive"))
+
+The engine's modules (`_progress`, `_noise`, `_divergence`, ...) are private, as
+optax's `_src` is: what this package exports is the API, and the rest may change.
 """
 
-from dateopt.date.divergence import (
-    DIVERGENCE_PATIENCE,
-    DivergenceWatchState,
-    as_optax_state,
-    diverged,
-    gave_up,
-    has_learnt,
-    may_grow_batch,
+from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch
+from dateopt.date._builder import batch_schedule_of, build, build_schedule, noise_leaf_scales
+from dateopt.date._divergence import as_optax_state, diverged, gave_up
+from dateopt.date._guard import DivergenceGuardState, divergence_guard
+from dateopt.date._noise import (
+    GradientSqNorms,
+    combine_group_grads,
+    cross_replica_sq_norms,
+    grouped_value_and_grad,
+    measure_noise_scale,
+    no_measurement,
+    per_group_value_and_grad,
 )
-from dateopt.date.progress import (
-    EARLY_RUNGS,
-    GAIN_RISE,
-    GAIN_SETTLE,
-    GROWTH_INTERVAL,
+from dateopt.date._planner import LargeBatchWarning, explain, plan
+from dateopt.date._progress import (
     AdaptiveState,
     adaptive,
-    batch_credit,
     batch_ladder,
-    bounded_gain,
-    bump_ceiling,
-    credited_noise,
     next_batch_size,
     predicted_budget,
     progress_done,
-    wants_next_rung,
 )
-from dateopt.date.batch_schedules import (
-    BATCH_SCHEDULES,
-    BatchSchedule,
-    BatchScheduleState,
-    doubling,
-    linear_ramp,
-    scheduled_batch,
-    seesaw,
-)
-from dateopt.date.builder import (
-    adam_preconditioner,
-    batch_schedule_of,
-    build,
-    build_schedule,
-    noise_leaf_scales,
-    optimizer_factory,
-)
-from dateopt.date.guard import DEFAULT_MIN_MULTIPLIER, DivergenceGuardState, divergence_guard
-from dateopt.date.noise import (
-    SIGNAL_DECAY,
-    GradientSqNorms,
-    NoiseMeasurementState,
-    NoiseScaleState,
-    adascale_gain,
-    combine_group_grads,
-    cross_replica_sq_norms,
-    clip_readings,
-    expected_efficiency,
-    law_steps,
-    gain_from_estimates,
-    grouped_value_and_grad,
-    init_noise_scale,
-    measure_noise_scale,
-    no_measurement,
-    noise_estimates,
-    noise_scale,
-    per_group_value_and_grad,
-    predicted_steps,
-    update_noise_scale,
-)
-from dateopt.date.planner import (
-    DEFAULT_PROMOTE_ABOVE,
-    DEFAULT_PROMOTION_ANCHORS,
-    STRATEGIES,
-    LargeBatchWarning,
-    explain,
-    plan,
-    plan_predicted_budget,
-    plan_predicted_steps,
-)
-from dateopt.date.recipe import (
-    GAIN_RULES,
-    NOISE_BATCH_EXPONENT,
-    NOISE_OF,
-    OPTIMIZERS,
-    STEP_PRICE,
-    Recipe,
-)
-from dateopt.date.stats import (
-    StatisticsState,
-    TrainingStatistics,
-    compute_statistics,
-    statistics,
-    track_statistics,
-    trust_ratio_summary,
-)
+from dateopt.date._recipe import Recipe
+from dateopt.date._stats import statistics, track_statistics
 
 __all__ = [
     "AdaptiveState",
-    "BATCH_SCHEDULES",
     "BatchSchedule",
-    "BatchScheduleState",
-    "DEFAULT_MIN_MULTIPLIER",
-    "DEFAULT_PROMOTE_ABOVE",
-    "DEFAULT_PROMOTION_ANCHORS",
-    "DIVERGENCE_PATIENCE",
     "DivergenceGuardState",
-    "DivergenceWatchState",
-    "EARLY_RUNGS",
-    "GAIN_RISE",
-    "GAIN_SETTLE",
-    "GAIN_RULES",
-    "GROWTH_INTERVAL",
     "GradientSqNorms",
     "LargeBatchWarning",
-    "NOISE_BATCH_EXPONENT",
-    "NOISE_OF",
-    "NoiseMeasurementState",
-    "NoiseScaleState",
-    "OPTIMIZERS",
     "Recipe",
-    "SIGNAL_DECAY",
-    "STEP_PRICE",
-    "STRATEGIES",
-    "StatisticsState",
-    "TrainingStatistics",
-    "adascale_gain",
-    "adam_preconditioner",
     "adaptive",
     "as_optax_state",
-    "batch_credit",
     "batch_ladder",
     "batch_schedule_of",
-    "bounded_gain",
-    "bump_ceiling",
     "build",
     "build_schedule",
-    "clip_readings",
     "combine_group_grads",
-    "compute_statistics",
-    "credited_noise",
     "cross_replica_sq_norms",
     "divergence_guard",
     "diverged",
-    "doubling",
-    "expected_efficiency",
-    "law_steps",
-    "linear_ramp",
     "explain",
-    "gain_from_estimates",
     "gave_up",
     "grouped_value_and_grad",
-    "has_learnt",
-    "init_noise_scale",
-    "may_grow_batch",
     "measure_noise_scale",
     "next_batch_size",
     "no_measurement",
-    "noise_estimates",
     "noise_leaf_scales",
-    "noise_scale",
-    "optimizer_factory",
     "per_group_value_and_grad",
     "plan",
-    "plan_predicted_budget",
-    "plan_predicted_steps",
     "predicted_budget",
-    "predicted_steps",
     "progress_done",
     "scheduled_batch",
-    "seesaw",
     "statistics",
     "track_statistics",
-    "trust_ratio_summary",
-    "update_noise_scale",
-    "wants_next_rung",
 ]

@@ -85,7 +85,7 @@ def parse_args(argv=None):
                       help="every run's config.signal_decay: the |G|^2 EMA's decay per step "
                            "(default: the configs'); use a fresh --outdir")
   parser.add_argument("--adam-scaling", default=None,
-                      help="every plan's adam_scaling (dateopt.date.adam_scaling: b2, eps, "
+                      help="every plan's adam_scaling (dateopt.date._adam_scaling: b2, eps, "
                            "weight_decay, comma-separated); use a fresh --outdir")
   return parser.parse_args(argv)
 
@@ -223,6 +223,7 @@ def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
   health = compare.health_report(rows)
   text += "\n\n#### Each run's log: guard skips, peak LR applied, the loss's trend at the end\n\n"
   text += health
+  text += unplannable_report(runner)
   machine = f"{platform.machine()}, {os.cpu_count()} CPU cores, Python {platform.python_version()}"
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
@@ -244,6 +245,17 @@ def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
         title=f"{workload}: each method's best run, evaluated along the way"))
     _copy_figures(paths, copy_to, prefix="compare_")
   return text
+
+
+def unplannable_report(runner: Study) -> str:
+  """The cells whose rule has no recipe at their batch, each with the planner's reason."""
+  refused = [r for r in runner.unplannable() if r["workload"] in runner.configs]
+  if not refused:
+    return ""
+  lines = [f"- `{r['key']}` (budget {r['budget']:g}×): {r['reason']}"
+           for r in sorted(refused, key=lambda r: r["key"])]
+  return ("\n\n#### Cells the rule cannot plan (not run, not counted)\n\n"
+          + "\n".join(lines))
 
 
 def _with_health(runner: Study, row: dict) -> dict:

@@ -1,6 +1,6 @@
 """What each of DATE's engine rules buys: each switched off in turn, DATE fixed and grown.
 
-Every rule of `dateopt.date.progress.ENGINE_RULES` runs off (a cell with the setting
+Every rule of `dateopt.date._progress.ENGINE_RULES` runs off (a cell with the setting
 "off:<rule>", `config.engine_rules_off`) on DATE's 64× fixed and grown cells, 3 seeds
 each, against the same cells with every rule on, which the comparison
 (`dateopt.study.compare`) runs too, so one outdir holds both and the baselines are shared.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dateopt.date.progress import ENGINE_RULES
+from dateopt.date._progress import ENGINE_RULES
 from dateopt.study.cells import ABLATION_PREFIX, STRATEGIES, Cell, is_ablation
 from dateopt.study.compare import DATE_METHODS, quality, quality_bar
 

@@ -22,10 +22,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import ml_collections
 
-from dateopt import date, train
+from dateopt import train
 from dateopt.metrics_io import metric_curve, read_metrics
 from dateopt.epochs import epochs_to_steps
 from dateopt.validation import check_choice, check_range, check_type
+from dateopt.date import _noise as noise_lib
+from dateopt.date import _planner as planner_lib
 
 MULTIPLES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -40,7 +42,7 @@ STRATEGIES: dict[str, str] = {
     "sqrt": "sqrt, no LEGW warmup",
     "none": "no scaling",
     "legw_date_steps": "static LEGW at DATE's steps",
-    # The field's batch schedules (`dateopt.date.batch_schedules`), asked for by name or by
+    # The field's batch schedules (`dateopt.date._batch_schedules`), asked for by name or by
     # the comparison grid (`dateopt.study.compare`).
     "linear_ramp": "linear ramp (Megatron-LM)",
     "doubling": "doubling, √ LR (OLMo-core)",
@@ -214,7 +216,7 @@ def effective_noise_scale(values: Sequence[float], base_batch_size: int,
     >>> round(effective_noise_scale([500.0, 500.0], 32, 512))
     500
   """
-  gains = [date.adascale_gain(max(v, 0.0), base_batch_size, batch_size) for v in values]
+  gains = [noise_lib.adascale_gain(max(v, 0.0), base_batch_size, batch_size) for v in values]
   if not gains:
     return math.nan
   gain = len(gains) / sum(1.0 / g for g in gains)
@@ -282,12 +284,30 @@ def cell_config(base: ml_collections.ConfigDict, cell: Cell, *,
     config.plan = plan
     if cell.strategy in FIELD_SCHEDULES or cell.budget != 1.0:  # the steps the plan fixes
       _, recipe = train.plan_recipe(config, num_train_examples)
-      expected_steps = date.plan_predicted_steps(recipe, None)
+      expected_steps = planner_lib.plan_predicted_steps(recipe, None)
     if "noise_scale" in plan:  # DATE's steps, as its plan predicts them
       _, recipe = train.plan_recipe(config, num_train_examples)
-      expected_steps = date.plan_predicted_steps(recipe, plan["noise_scale"])
+      expected_steps = planner_lib.plan_predicted_steps(recipe, plan["noise_scale"])
   config.eval_every_steps = max(1, int(expected_steps) // EVALS_PER_RUN)
   return config
+
+
+def planning_refusal(cell: Cell, config: ml_collections.ConfigDict,
+                     num_train_examples: int) -> str | None:
+  """Why `cell`'s strategy cannot plan its recipe (the planner's error), or None.
+
+  A published rule can have no recipe at a batch: LEGW's warmup of k·w0 epochs
+  is longer than a run of E epochs once k·w0 ≥ E (You et al., SC'19, §3). Such a
+  cell is a result of the rule, kept with its reason, not a crash of the grid.
+  The baseline always plans: its errors are the config's and are raised.
+  """
+  if cell.strategy == "baseline":
+    return None
+  try:
+    train.plan_recipe(config, num_train_examples)
+  except ValueError as error:
+    return str(error)
+  return None
 
 
 def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

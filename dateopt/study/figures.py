@@ -16,7 +16,7 @@ import os
 import statistics
 from typing import Mapping, Sequence
 
-from dateopt.date.noise import law_steps
+from dateopt.date._noise import law_steps
 from dateopt.plots import pyplot
 from dateopt.study.cells import STRATEGIES
 

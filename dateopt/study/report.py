@@ -20,6 +20,8 @@ from dateopt.train import config as config_lib, experiment, metrics, recipe_reco
 from dateopt.study.cells import (ADAPTIVE_STRATEGIES, BAR_TOLERANCE, CSV_COLUMNS, STRATEGIES,
                                  Cell, filled_profile, finite_median)
 from dateopt.study.runner import Study
+from dateopt.date import _planner as planner_lib
+from dateopt.date import _progress as progress_lib
 
 def steps_to_target(row: Mapping[str, Any], target: float) -> int | None:
   """The first evaluated step whose accuracy reached `target` (None: never)."""
@@ -272,7 +274,7 @@ def read_as_largest(metric_rows: Sequence[Mapping[str, Any]], recipe: date.Recip
   """The rows of a DATE run with each B_noise as its largest batch reads it.
 
   A row logged at batch B (`train/batch_size`) is × (B_max/B)^α, the credit the
-  engine gives rung B's readings (`date.credited_noise`, α the recipe's
+  engine gives rung B's readings (`progress_lib.credited_noise`, α the recipe's
   `noise_batch_exponent`); a fixed batch's rows stay as logged. A profile of
   these rows is one `date.predicted_budget` reads with
   `read_at_batch_size=recipe.batch_size`.
@@ -289,7 +291,7 @@ def read_as_largest(metric_rows: Sequence[Mapping[str, Any]], recipe: date.Recip
   for row in metric_rows:
     value = row.get("train/date/noise_scale")
     if value is not None and "train/batch_size" in row:
-      credit = date.batch_credit(float(row["train/batch_size"]), recipe.batch_size,
+      credit = progress_lib.batch_credit(float(row["train/batch_size"]), recipe.batch_size,
                                  recipe.noise_batch_exponent)
       row = dict(row, **{"train/date/noise_scale": float(value) * credit})
     out.append(row)
@@ -424,7 +426,7 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
 
   Per workload and k with grown runs: the profile of the fixed runs and that of the grown
   runs (the median over seeds at `LAW_POINTS` points of the progress, from the runs'
-  `metrics.jsonl`), each played out by `date.plan_predicted_budget` for the grown recipe
+  `metrics.jsonl`), each played out by `planner_lib.plan_predicted_budget` for the grown recipe
   and the fixed one (the runs' `recipe.json`), beside what the runs took. The law predicts
   a run from the profile it measures; a bar set on the fixed runs' profile is within a
   grown run's reach only if the grown run measures that profile (docs/results/growth_study.md).
@@ -448,7 +450,7 @@ def law_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
       for strategy, runs in measured.items():
         profile = filled_profile([finite_median(p[i] for _, _, p in runs)
                                   for i in range(LAW_POINTS)])
-        grown, fixed = (date.plan_predicted_budget(recipes[s], profile,
+        grown, fixed = (planner_lib.plan_predicted_budget(recipes[s], profile,
                                                    read_at_batch_size=recipes[s].batch_size)
                         for s in ("adaptive_grow", "adaptive"))
         quarters = [statistics.median(profile[q * LAW_POINTS // 4:(q + 1) * LAW_POINTS // 4])
@@ -469,7 +471,7 @@ def prediction_report(runner: Study, rows: Sequence[Mapping[str, Any]]) -> str:
 
   Per workload, k and DATE strategy: each run's planned recipe (its config, from
   `runner.config_for`) and the profile it was planned with (its baseline's logged
-  B_noise, in `rows`), played out by `date.plan_predicted_budget` as the planner
+  B_noise, in `rows`), played out by `planner_lib.plan_predicted_budget` as the planner
   predicts before training; the means over seeds beside the runs'. It needs the
   rows and the workloads' configs only, not the runs' folders.
   """
@@ -506,7 +508,7 @@ def _predicted_budget(runner: Study, cell: Cell) -> dict[str, float] | None:
   if not noise:
     return None
   _, recipe = experiment.plan_recipe(config, runner.num_train_examples(cell.workload))
-  return date.plan_predicted_budget(recipe, noise)
+  return planner_lib.plan_predicted_budget(recipe, noise)
 
 
 def _measured_runs(runner: Study, rows: Sequence[Mapping[str, Any]], workload: str,

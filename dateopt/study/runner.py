@@ -1,5 +1,7 @@
 """The grid, run and resumed: `Study` appends each finished cell to `<outdir>/cells.jsonl`.
 
+A cell whose strategy has no recipe at its batch (`cells.planning_refusal`) is
+kept in `<outdir>/unplannable.jsonl` with the planner's reason instead.
 A re-run skips the finished cells (resumable across runs), and studies
 sharing an outdir split its cells (each cell is claimed with a workdir lock).
 
@@ -11,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +26,7 @@ from tqdm.auto import tqdm
 
 from dateopt import data, strict_json
 from dateopt.study.cells import (ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config,
-                                 filled_profile, run_cell)
+                                 filled_profile, planning_refusal, run_cell)
 from dateopt.train import workdir_lock
 from dateopt.validation import check_choice
 
@@ -40,6 +43,7 @@ class Study:
     self.outdir = outdir
     self.configs = dict(configs)
     self.results_path = os.path.join(outdir, "cells.jsonl")
+    self.unplannable_path = os.path.join(outdir, "unplannable.jsonl")
     self._train_example_counts: dict[str, int] = {}
 
   def rows(self) -> list[dict[str, Any]]:
@@ -54,6 +58,14 @@ class Study:
           # Strict JSON stores inf (a noise scale whose signal estimate was ≤ 0) as null.
           row["noise_scales"] = [math.inf if v is None else v for v in row["noise_scales"]]
           by_key[row["key"]] = row
+    return list(by_key.values())
+
+  def unplannable(self) -> list[dict[str, Any]]:
+    """The cells whose strategy cannot plan a recipe: the cell's fields and `reason`."""
+    if not os.path.exists(self.unplannable_path):
+      return []
+    with open(self.unplannable_path, encoding="utf-8") as f:
+      by_key = {row["key"]: row for row in (json.loads(line) for line in f if line.strip())}
     return list(by_key.values())
 
   def forget(self, strategies: Sequence[str]) -> int:
@@ -75,7 +87,7 @@ class Study:
     unknown = sorted({c.workload for c in cells} - set(self.configs))
     if unknown:
       raise ValueError(f"workloads {unknown} have no config; known: {sorted(self.configs)}.")
-    done = {row["key"] for row in self.rows()}
+    done = {row["key"] for row in self.rows() + self.unplannable()}
     todo = [cell for cell in cells if cell.key not in done]
     bar = tqdm(total=len(cells), initial=len(cells) - len(todo), unit="run",
                disable=not progress, dynamic_ncols=True)
@@ -85,12 +97,29 @@ class Study:
           bar.write(f"{cell.key}: skipped, another process is running it")
         elif cell.key not in {row["key"] for row in self.rows()}:  # not finished meanwhile
           bar.set_description(cell.key)
-          row = run_cell(cell, self.config_for(cell), self.workdir(cell))
-          self._append(row)
-          bar.write(_one_line(row))
+          config, reason = self._config_or_refusal(cell)
+          if reason is not None:
+            self._append({"key": cell.key, **dataclasses.asdict(cell), "reason": reason},
+                         self.unplannable_path)
+            bar.write(f"{cell.key}: not plannable: {reason}")
+          else:
+            row = run_cell(cell, config, self.workdir(cell))
+            self._append(row)
+            bar.write(_one_line(row))
       bar.update(1)
     bar.close()
     return self.rows()
+
+  def _config_or_refusal(self, cell: Cell) -> tuple[ml_collections.ConfigDict | None,
+                                                     str | None]:
+    """The cell's config, or None and the planner's reason when its rule has no recipe."""
+    if cell.strategy == "baseline":  # its errors are the config's: raised
+      return self.config_for(cell), None
+    try:
+      config = self.config_for(cell)  # a field schedule's steps are planned here
+    except ValueError as error:
+      return None, str(error)
+    return config, planning_refusal(cell, config, self.num_train_examples(cell.workload))
 
   def workdir(self, cell: Cell) -> str:
     """The cell's run folder: its recipe, metrics and TensorBoard events."""
@@ -145,9 +174,9 @@ class Study:
       self._train_example_counts[workload] = dataset.num_train_examples
     return self._train_example_counts[workload]
 
-  def _append(self, row: dict[str, Any]) -> None:
+  def _append(self, row: dict[str, Any], path: str | None = None) -> None:
     os.makedirs(self.outdir, exist_ok=True)
-    with open(self.results_path, "a", encoding="utf-8") as f:
+    with open(path or self.results_path, "a", encoding="utf-8") as f:
       f.write(strict_json.line(row))
       f.flush()
       os.fsync(f.fileno())

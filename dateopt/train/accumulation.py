@@ -19,7 +19,7 @@ whole batch only: the g-th slices of the k micro-batches together are rows
 [g·B/G, (g+1)·B/G), the g-th group without accumulation. Averaging the
 per-group gradients over micro-batches (`date.per_group_value_and_grad`) thus
 gives the full batch's G group gradients, and the noise scale's two squared
-norms (`date.combine_group_grads`) are those of a step without accumulation.
+norms (`date._noise.combine_group_grads`) are those of a step without accumulation.
 
 Batch norm: a model with batch statistics normalises each micro-batch on its
 own (each group of it, when grouped), like ghost batch norm over B/k examples;

@@ -58,22 +58,22 @@ def default_config() -> ml_collections.ConfigDict:
   # Gradient accumulation: each optimizer step takes its batch as k micro-batches in turn
   # (one scan in the jitted step), so only batch / k examples' activations are in memory.
   c.grad_accum_steps = 1
-  c.strategy = "legw"  # a `date.STRATEGIES` name; "adaptive" is DATE's dynamic mode.
+  c.strategy = "legw"  # a planner strategy (`date.plan`); "adaptive" is DATE's dynamic mode.
   c.plan = ml_collections.ConfigDict()  # keyword arguments of `date.plan` (gain_rule, noise_scale, ...).
   # In-training DATE statistics and the divergence guard.
   c.statistics = True
   c.grad_groups = 8  # gradient groups for the noise scale (0: off); fixed, not per device.
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
-  # The |G|² EMA's decay per step: the engine's `date.SIGNAL_DECAY` (this module stays free of
-  # JAX); 0.99, the tr Σ EMA's, gives both one horizon. `date.update_noise_scale`.
+  # The |G|² EMA's decay per step: the engine's `date._noise.SIGNAL_DECAY` (this module stays free of
+  # JAX); 0.99, the tr Σ EMA's, gives both one horizon. `date._noise.update_noise_scale`.
   c.signal_decay = 0.97
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
   # Adaptive runs: diverged steps in all before the run stops with status 1 (0: no watch,
-  # so no hold, LR cut or stop of a diverged run; see dateopt.date.divergence).
+  # so no hold, LR cut or stop of a diverged run; see dateopt.date._divergence).
   c.divergence_patience = 100
   # Adaptive runs: DATE's engine rules switched off, comma-separated names of
-  # `dateopt.date.progress.ENGINE_RULES` (an ablation: what each rule buys); "": every rule on.
+  # `dateopt.date._progress.ENGINE_RULES` (an ablation: what each rule buys); "": every rule on.
   c.engine_rules_off = ""
   # A growing batch's train step for every rung, compiled in a background thread while the
   # run trains (dateopt.train.rungs).

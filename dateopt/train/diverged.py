@@ -1,6 +1,6 @@
 """An adaptive run that diverged: no checkpoint while it is, and a stop with status 1 if it stays.
 
-DATE's engine judges every step (`dateopt.date.divergence`): while it calls
+DATE's engine judges every step (`dateopt.date._divergence`): while it calls
 the run diverged it holds the progress and cuts the LR, and after
 `config.divergence_patience` diverged steps in all it gives up. The trainer
 then saves nothing more (the newest checkpoint is the last healthy state) and
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import optax
 
 from dateopt import date
-from dateopt.date import divergence
+from dateopt.date import _divergence as divergence
 from dateopt.train import parallel
 
 

@@ -24,7 +24,7 @@ import ml_collections
 
 from dateopt import data as data_lib
 from dateopt import date
-from dateopt.date.progress import ENGINE_RULES
+from dateopt.date._progress import ENGINE_RULES
 from dateopt import masks
 from dateopt import models
 from dateopt.train import parallel, polish, profiling, rungs
@@ -32,6 +32,8 @@ from dateopt.train import config as config_lib
 from dateopt.train.cadence import Cadence
 from dateopt.train.layout import BatchLayout
 from dateopt.validation import check_range
+from dateopt.date import _batch_schedules as batch_schedules_lib
+from dateopt.date import _builder as builder_lib
 
 
 @dataclasses.dataclass
@@ -115,7 +117,7 @@ def _plan_kwargs(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """`config.plan` as `date.plan`'s keywords; a batch schedule's options may sit in it flat
   (`--config.plan.start_batch=512`: a flag cannot add a nested key) or in `schedule_options`."""
   kwargs = config_lib.to_dict(config.plan)
-  flat = {k: kwargs.pop(k) for k in date.batch_schedules.USER_OPTIONS if k in kwargs}
+  flat = {k: kwargs.pop(k) for k in batch_schedules_lib.USER_OPTIONS if k in kwargs}
   if flat:
     kwargs["schedule_options"] = dict(kwargs.get("schedule_options") or {}, **flat)
   return kwargs
@@ -127,10 +129,10 @@ def _check_nothing_needs_a_target(config: ml_collections.ConfigDict,
   what the config asks for: DATE's adaptive strategy, a growing batch, a batch schedule or a
   budget plan a target batch."""
   plan = config_lib.to_dict(config.plan)
-  dynamic = config.strategy == "adaptive" or config.strategy in date.BATCH_SCHEDULES
+  dynamic = config.strategy == "adaptive" or config.strategy in batch_schedules_lib.BATCH_SCHEDULES
   ignored = ([f"config.strategy={config.strategy!r}"] if dynamic else []) + [
       f"config.plan.{key}={plan[key]!r}" for key in ("grow_batch", "budget", "schedule_options",
-                                                      *date.batch_schedules.USER_OPTIONS)
+                                                      *batch_schedules_lib.USER_OPTIONS)
       if plan.get(key) not in (None, False) and not (key == "budget" and plan[key] == 1)]
   if ignored:
     raise ValueError(
@@ -181,7 +183,7 @@ def build_experiment(config: ml_collections.ConfigDict,
   schedule = _batch_schedule(recipe, layout, batch_field)
   batch_sizes = schedule.batch_sizes if schedule else _batch_sizes(recipe, layout, batch_field)
   recipe = _with_ladder_noted(recipe, batch_sizes, layout)
-  if schedule is not None and schedule != date.batch_schedule_of(recipe):
+  if schedule is not None and schedule != builder_lib.batch_schedule_of(recipe):
     recipe = recipe.replace(rationale=dict(recipe.rationale) | {
         "batch schedule": f"{schedule.describe()} (rounded to the batch layout's quantum of "
                           f"{layout.quantum}: {layout.quantum_reason()})"})
@@ -224,7 +226,7 @@ def _batch_schedule(recipe: date.Recipe, layout: BatchLayout, batch_field: str
   if recipe.total_steps * recipe.base_batch_size + recipe.batch_size >= 2 ** 31:
     raise ValueError(f"{batch_field}: the budget of {recipe.total_steps} baseline steps serves "
                      f"2^31 examples or more, past the data position's int32.")
-  return date.batch_schedule_of(recipe, multiple_of=layout.quantum)
+  return builder_lib.batch_schedule_of(recipe, multiple_of=layout.quantum)
 
 
 def _batch_sizes(recipe: date.Recipe, layout: BatchLayout, batch_field: str
@@ -286,7 +288,7 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
 
 def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   """`config.engine_rules_off` ("early_climb,bump_ceiling") as rule names, each checked
-  against `dateopt.date.progress.ENGINE_RULES`."""
+  against `dateopt.date._progress.ENGINE_RULES`."""
   value = config.get("engine_rules_off", "") or ""
   if not isinstance(value, str):
     raise ValueError(f"config.engine_rules_off must be a comma-separated string of rule names "

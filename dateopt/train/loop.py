@@ -41,6 +41,7 @@ from dateopt.train.metrics import MetricWriter, StepClock, Writer
 from dateopt.train.progress_bar import ProgressBar
 from dateopt.train.startup import StartupError, startup
 from dateopt.train.steps import TrainState, create_train_state, train_step
+from dateopt.date import _guard as guard_lib
 
 
 @dataclasses.dataclass
@@ -102,7 +103,7 @@ class TrainLoop:
     self.watch = nonfinite.NonFiniteWatch(
         nonfinite.guard_nonfinite_count(self.state.opt_state), warn=lead,
         lr_floor=config_lib.to_dict(exp.config.guard_kwargs).get(
-            "min_multiplier", date.DEFAULT_MIN_MULTIPLIER))
+            "min_multiplier", guard_lib.DEFAULT_MIN_MULTIPLIER))
     self.metrics, self.train_metrics, self.eval_metrics = {}, {}, {}
     self.evaluated_at: int | None = None
     self.before_polish: dict[str, float] | None = None

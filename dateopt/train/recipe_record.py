@@ -29,7 +29,7 @@ RECIPE_FILE = "recipe.json"
 _IGNORED_FIELDS = frozenset({"rationale"})
 # Fields added since runs were recorded, with the value those runs trained with. A stored
 # recipe that lacks one, and whose run uses it, ran with that value: a resume under a newer
-# default would change the run halfway (a grown run's credit, `date.credited_noise`).
+# default would change the run halfway (a grown run's credit, `dateopt.date._progress.credited_noise`).
 VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
 # The same for the run fields (`config.RESUME_FIELDS`). Before 2026-11-29's default of 0.97
 # both noise EMAs had one decay, which 0.99 gives bit for bit; records written before then

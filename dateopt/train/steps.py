@@ -18,6 +18,9 @@ import optax
 
 from dateopt import date
 from dateopt.train import accumulation
+from dateopt.date import _batch_schedules as batch_schedules_lib
+from dateopt.date import _builder as builder_lib
+from dateopt.date import _noise as noise_lib
 
 
 @flax.struct.dataclass
@@ -96,7 +99,7 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
   With `grad_groups > 1` the gradient is taken per group of the batch
   (`date.per_group_value_and_grad`), which gives the squared norms at group
   and full batch size. `measure` takes that path only on the steps that
-  measure, and the plain gradient with `date.no_measurement` on the others,
+  measure, and the plain gradient with `noise_lib.no_measurement` on the others,
   so the grouping's cost is paid 1 step in N. A Python bool (the trainer's,
   a static argument) picks the path while tracing: two programs. A traced
   bool gives one program with a `lax.cond`, which XLA:CPU runs far slower: it
@@ -106,7 +109,7 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
   scan and averages their outputs (`accumulation.mean_over_microbatches`);
   each micro-batch holds 1/k of every group, so the group gradients, and the
   norms taken from them after the scan, are the full batch's. `leaf_scales`
-  (`date.noise_leaf_scales`) measures the norms of the optimizer's step instead.
+  (`builder_lib.noise_leaf_scales`) measures the norms of the optimizer's step instead.
   """
   accumulate = lambda fn: accumulation.mean_over_microbatches(fn, grad_accum_steps)
   plain_fn = accumulate(jax.value_and_grad(loss_fn, has_aux=True))
@@ -114,12 +117,12 @@ def _gradients(loss_fn, params, batch, batch_stats, grad_groups: int,
     return (*plain_fn(params, batch, batch_stats), None)
   batch_size = batch["labels"].shape[0]
   per_group_fn = accumulate(date.per_group_value_and_grad(loss_fn, grad_groups, has_aux=True))
-  grouped = lambda: date.combine_group_grads(*per_group_fn(params, batch, batch_stats),
+  grouped = lambda: noise_lib.combine_group_grads(*per_group_fn(params, batch, batch_stats),
                                              batch_size, leaf_scales=leaf_scales)
   if measure is None:
     return grouped()
   plain = lambda: (*plain_fn(params, batch, batch_stats),
-                   date.no_measurement(batch_size // grad_groups, batch_size))
+                   noise_lib.no_measurement(batch_size // grad_groups, batch_size))
   if isinstance(measure, (bool, np.bool_)):
     return grouped() if measure else plain()
   return jax.lax.cond(measure, grouped, plain)
@@ -194,7 +197,7 @@ def _train_step(state, batch, record_statistics, measure_noise, *, model, tx, nu
   step_key = jax.random.fold_in(jax.random.key(seed), state.step)
   batch = dict(batch, rng=_dropout_keys(step_key, batch_size, grad_groups, grad_accum_steps))
   loss_fn = _loss_fn(model, num_classes, label_smoothing)
-  leaf_scales = None if recipe is None else date.noise_leaf_scales(recipe, state.params,
+  leaf_scales = None if recipe is None else builder_lib.noise_leaf_scales(recipe, state.params,
                                                                    state.opt_state)
   (loss, (batch_stats, accuracy)), grads, sq_norms = _gradients(
       loss_fn, state.params, batch, state.batch_stats, grad_groups, measure_noise,
@@ -251,7 +254,7 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/batch_size"] = adaptive.batch_size  # what the engine asks of the next step
     out["date/gain"] = adaptive.gain  # the one applied: bounded, held while diverged
     if recipe is not None:
-      out["date/gain_measured"] = date.gain_from_estimates(
+      out["date/gain_measured"] = noise_lib.gain_from_estimates(
           adaptive.noise, recipe.base_batch_size, batch_size or recipe.batch_size)
     out["date/diverged_steps"] = adaptive.watch.diverged_steps  # 0: healthy
     out["date/divergences"] = adaptive.watch.divergences  # so far: a healthy run's stay 0
@@ -259,7 +262,7 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
     out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
-  scheduled = optax.tree.get(opt_state, date.BatchScheduleState.__name__)
+  scheduled = optax.tree.get(opt_state, batch_schedules_lib.BatchScheduleState.__name__)
   if scheduled is not None:  # a field batch schedule: its progress and next batch
     out["date/progress"] = scheduled.progress
     out["date/batch_size"] = scheduled.batch_size

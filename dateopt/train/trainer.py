@@ -39,6 +39,7 @@ from dateopt.train.loop import TrainLoop
 from dateopt.train.metrics import Writer, read_metrics
 from dateopt.train.startup import claim_workdir, save_recipes, startup
 from dateopt.train.steps import TrainState
+from dateopt.date import _planner as planner_lib
 
 
 @dataclasses.dataclass
@@ -138,7 +139,7 @@ def _train(exp: Experiment, tx, workdir: str, stops: preemption.StopRequests, *,
 def _summarize(exp: Experiment, loop: TrainLoop, steps_taken: int,
                workdir: str) -> TrainResult:
   """The run's summary row in the metrics (and printed for a growing batch); its result."""
-  predicted = date.plan_predicted_steps(exp.recipe,
+  predicted = planner_lib.plan_predicted_steps(exp.recipe,
                                         config_lib.to_dict(exp.config.plan).get("noise_scale"))
   examples = int(parallel.to_host(loop.state.examples_seen))
   compilations = loop.compilations()

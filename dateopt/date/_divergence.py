@@ -67,9 +67,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dateopt.date.noise import corrected_estimates
+from dateopt.date._noise import corrected_estimates
 
-# The thresholds, and what they stand on, are in notes/divergence.md.
+# The watch's thresholds, as shares of the loss's start and of its gains; what they catch and
+# what they leave alone is measured by scripts/divergence_evidence.py (docs/guides/date.md).
 FIRST_LOSSES = 10
 LOSS_DECAY = 0.95
 LEARNT = 0.8
@@ -81,21 +82,20 @@ STALL_DROP = 0.9
 STALL_STEPS = 100  # an LSTM can sit at chance ~100 steps at any batch: a short run's quarter
 CUT_EVERY = 10
 # A diverged run whose 5-step loss fell by this share of its start in CUT_EVERY steps is
-# recovering: no cut then, and those steps do not count toward the patience. (A grown main-job
-# run fell 1.93 -> 1.07 in 80 steps after a spike, start 2.3: 0.11 a look; halving its LR every
-# 10 steps anyway starved the recovery, notes/divergence.md.)
+# recovering: no cut then (a recovery must not be starved of LR), and those steps do not
+# count toward the patience.
 FALL_SHARE = 0.01
 MIN_LR_SCALE = 1e-3
 RECOVERY_STEPS = 20
 HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: gain 1, no measuring
 # A grown batch climbs only while the loss sits within this share of its gains above its best:
-# a wobble under HOLD_SHARE lifted a noise reading 213 -> 1,214, and two rungs in 40 steps cost
-# the study LSTM (seed 1, 64x) 2.7 points (notes/batch_growth.md).
+# a wobble smaller than HOLD_SHARE can still lift a noise reading several-fold, and a rung is
+# never given back.
 CLIMB_SHARE = 0.03
 FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise EMAs take it in
 # A gradient whose squared norm is this many times what the noise EMAs expect at its batch
 # (100x in norm) is an explosion, not noise: Adam would keep it in its second moment for
-# thousands of steps (the main job, its gradient x1000 at step 50: 74.5%, notes/divergence.md).
+# thousands of steps (1/(1 - β₂) = 1,000 at β₂ = 0.999).
 GRADIENT_JUMP = 1e4
 DIVERGENCE_PATIENCE = 100  #: diverged steps in all before the engine gives up
 #: The watch's ways into a diverged phase, each of which `update_watch(rules_off=...)` can
@@ -259,7 +259,7 @@ def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
   or with a non-positive expectation, nothing is a jump.
 
   Example:
-    >>> from dateopt.date.noise import GradientSqNorms, init_noise_scale, update_noise_scale
+    >>> from dateopt.date._noise import GradientSqNorms, init_noise_scale, update_noise_scale
     >>> noise = init_noise_scale()
     >>> for _ in range(10):
     ...   noise = update_noise_scale(noise, GradientSqNorms(5.0, 2.375, 10, 80))
@@ -414,7 +414,7 @@ def gave_up(opt_state: Any) -> jax.Array:
   keep the last checkpoint saved while `diverged` was False.
 
     >>> import optax
-    >>> from dateopt.date.progress import adaptive
+    >>> from dateopt.date._progress import adaptive
     >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
     ...               optax.constant_schedule(0.1), base_batch_size=8, batch_size=8,
     ...               base_steps=100)

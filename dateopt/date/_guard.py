@@ -19,23 +19,11 @@ import optax
 
 from dateopt.validation import check_range, check_scalar
 
-# The defaults come from the per-step training losses of healthy runs with the
-# guard off: the MNIST-1D LSTM baseline of the main job (Adam 2e-3, batch 32,
-# 7,500 steps, 3 seeds), its DATE plan at batch 512 (450 steps), the same LSTM
-# with SGD momentum 0.9 (LR 0.1, batch 32, 2 seeds), and the digits tiny
-# ResNet with LARS (momentum 0.9) at batch 16 (2,670 steps, 2 seeds) and 256.
-# With loss_decay=0.99 and min_steps=20, z = (loss - reference mean) /
-# reference std reached, over all of them:
-#   * 21.8 for a single step: an SGD-LSTM batch late in training at 0.23, 43x
-#     the reference mean of 0.005 (Adam: 10.5; batch 512: below 0);
-#   * 6.7 for the lowest of 3 consecutive steps that were also 50% above the
-#     mean.
-# So single spikes are accepted (healthy heavy tails), and the LR backs off
-# only after 3 consecutive steps above 20 standard deviations (3x the worst
-# healthy 6.7) and 50% above the mean. The 50% keeps a near-constant loss (a
-# label-smoothing floor: digits at 0.51, where a step 24% above the mean was
-# z = 16) from counting a harmless wobble as many standard deviations.
-# Replayed through this guard, none of those runs backs off once.
+# A spike is a loss more than _DEFAULT_SPIKE_THRESHOLD standard deviations and
+# _DEFAULT_SPIKE_MIN_EXCESS above its running level, 3 steps in a row: single spikes are
+# healthy heavy tails, and the excess keeps a near-constant loss (a label-smoothing floor)
+# from counting a harmless wobble as many deviations. The threshold is 3x the worst
+# z-score of healthy runs with the guard off (docs/results/guard.md).
 _DEFAULT_SPIKE_THRESHOLD = 20.0
 _DEFAULT_SPIKE_MIN_EXCESS = 0.5
 #: The floor of the divergence guard's LR multiplier: ten back-offs of 0.5 reach it (0.5**10 <

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from dateopt.date.adam_scaling import injected
+from dateopt.date._adam_scaling import injected
 from dateopt.validation import as_int, check_choice, check_range, check_type
 
 #: The field's batch schedules `plan` and `scheduled_batch` know (see the module docstring).
@@ -348,7 +348,7 @@ def scheduled_batch(make_optimizer: Callable[..., optax.GradientTransformation],
     base_steps: the budget in baseline steps.
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and LR factor
-      m(B) (`dateopt.date.adam_scaling.rung_hyperparams`).
+      m(B) (`dateopt.date._adam_scaling.rung_hyperparams`).
 
   Example:
     >>> ramp = linear_ramp(base_batch_size=4, max_batch_size=16, start_batch=8,

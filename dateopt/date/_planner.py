@@ -9,13 +9,13 @@ import warnings
 from typing import Mapping, Sequence
 
 from dateopt import schedules
-from dateopt.date import adam_scaling as adam_rules
-from dateopt.date import batch_schedules
-from dateopt.date.builder import batch_schedule_of
-from dateopt.date.divergence import LEARNT
-from dateopt.date.noise import expected_efficiency
-from dateopt.date.progress import GROWTH_INTERVAL, batch_credit, batch_ladder, predicted_budget
-from dateopt.date.recipe import (
+from dateopt.date import _adam_scaling as adam_rules
+from dateopt.date import _batch_schedules as batch_schedules
+from dateopt.date._builder import batch_schedule_of
+from dateopt.date._divergence import LEARNT
+from dateopt.date._noise import expected_efficiency
+from dateopt.date._progress import GROWTH_INTERVAL, batch_credit, batch_ladder, predicted_budget
+from dateopt.date._recipe import (
     GAIN_RULES,
     MOMENTUM_OPTIMIZERS,
     NOISE_BATCH_EXPONENT,
@@ -25,7 +25,7 @@ from dateopt.date.recipe import (
 from dateopt.validation import check_choice, check_range, check_type
 
 #: The strategies `plan` knows (see its docstring): DATE's, the static rules, and the
-#: field's batch schedules (`dateopt.date.batch_schedules`).
+#: field's batch schedules (`dateopt.date._batch_schedules`).
 STRATEGIES = ("adaptive", "legw", "linear", "sqrt", "none") + batch_schedules.BATCH_SCHEDULES
 
 # The LR rule each strategy applies to the peak (and the whole LR curve).
@@ -88,7 +88,7 @@ def plan(
       own budget. With `grow_batch=True`, `batch_size` is the largest batch
       (the hardware's limit): the run starts at the baseline's and doubles
       its batch as the measured noise scale grows (`date.batch_ladder`,
-      `date.wants_next_rung`). With `noise_scale`, the rationale predicts
+      `dateopt.date._progress.wants_next_rung`). With `noise_scale`, the rationale predicts
       the steps, the examples and the largest batch reached.
     * "legw" (default): peak LR × √k and warmup × k epochs, the same decay over
       the same epochs (You et al., "Large-Batch Training for LSTM and Beyond",
@@ -102,7 +102,7 @@ def plan(
   with the peak.
 
   The field's batch schedules, with nothing measured (`batch_size` is the
-  largest batch; `dateopt.date.batch_schedules` has each rule and its paper):
+  largest batch; `dateopt.date._batch_schedules` has each rule and its paper):
   "linear_ramp" (Megatron-LM, MaxText), "doubling" (OLMo-core's √ LR rule),
   "seesaw" (Meterez et al. 2025) and "batch_for_decay" (Smith et al. 2018).
   Their LR schedule is the baseline's counted in examples (its warmup in
@@ -145,12 +145,12 @@ def plan(
     grow_batch: "adaptive" only: grow the batch up to `batch_size`.
     step_price: with `grow_batch`: a step's price in examples of the
       largest batch, in the rule "from rung B to B' once
-      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date._progress.wants_next_rung`).
     noise_batch_exponent: with `grow_batch`: α, rung B's noise scale is read
-      × (B_max/B)^α for the gain and the climb (`dateopt.date.credited_noise`).
+      × (B_max/B)^α for the gain and the climb (`dateopt.date._progress.credited_noise`).
     noise_of: "adaptive" only: "gradient", "lars_step" for a LARS baseline
       (the noise scale of the step LARS takes, each leaf's gradient times its
-      trust ratio: `dateopt.date.noise_leaf_scales`), "adam_step" for an
+      trust ratio: `dateopt.date._builder.noise_leaf_scales`), "adam_step" for an
       adam/adamw baseline (the gradient in Adam's metric, opt-in), or "auto"
       (lars_step where it applies: `Recipe.measured_noise_of`). None: the
       baseline's (by default "auto").
@@ -159,7 +159,7 @@ def plan(
       "adaptive" chooses its own.
     schedule_options: a batch schedule's options (`batch_schedules.resolve_options`):
       "start_batch", "ramp_share" or "ramp_examples", "increment", "alpha".
-    adam_scaling: the Adam family's rules beyond the LR (`dateopt.date.adam_scaling`:
+    adam_scaling: the Adam family's rules beyond the LR (`dateopt.date._adam_scaling`:
       "b2", "eps", "weight_decay"): a static plan writes the scaled values; DATE and
       the batch schedules apply them at every step. Off by default.
 

@@ -7,8 +7,8 @@ import numbers
 from typing import Any, Mapping
 
 from dateopt import extras, masks, schedules
-from dateopt.date import adam_scaling
-from dateopt.date.batch_schedules import BATCH_SCHEDULES, SCHEDULE_OPTIONS
+from dateopt.date import _adam_scaling as adam_scaling
+from dateopt.date._batch_schedules import BATCH_SCHEDULES, SCHEDULE_OPTIONS
 from dateopt.validation import check_choice, check_range, check_type
 
 #: The optimizer families a `Recipe` can name.
@@ -34,29 +34,18 @@ _DECAY_FIELDS = {
 }
 #: How an adaptive run scales its LR by the gain r: "linear" (×r) or "sqrt" (×√r).
 GAIN_RULES = ("linear", "sqrt")
-# DATE's growing batch: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise, a step
-# priced at STEP_PRICE largest batches of examples. Chosen on the scaling study's two
-# workloads and the main job, one value for every workload (notes/batch_growth.md).
 #: The default price of a step in the growth rule, in examples of the largest batch: climb
 #: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise.
 STEP_PRICE = 1.0
-# DATE's growing batch reads the noise scale of rung B credited to the largest rung's,
-# × (B_max/B)^NOISE_BATCH_EXPONENT, for its gain and its climb. At equal progress the study
-# ResNet's fixed runs read 1.1-1.25× more B_noise per doubling of the batch (a smaller
-# batch's hotter run sits where |G|² is larger); 0.2 = log2(1.15). It took the grown ResNet at
-# 64x from 1.44× to 1.26× the fixed runs' steps at the same examples, and moved the LSTMs',
-# whose readings show little trend, by at most 4% (notes/batch_growth.md).
 #: The default α of the growing batch's credit: rung B's noise readings count × (B_max/B)^α
-#: for its gain and its climb (`credited_noise`).
+#: for its gain and its climb (`credited_noise`). A smaller batch's run reads a lower
+#: B_noise at equal progress (it sits where |G|² is larger); 0.2 = log2(1.15), 1.15 per
+#: doubling, the middle of what the growth study read (docs/results/growth_study.md).
 NOISE_BATCH_EXPONENT = 0.2
-# What DATE measures the noise scale of: the gradient, or the step LARS takes (each leaf's
-# gradient times its trust ratio; notes/batch_growth.md).
-# "auto": the step LARS takes where DATE can measure it (`Recipe.measured_noise_of`).
-# "adam_step": the gradient in Adam's metric, 1/(√v̂ + ε) per coordinate (opt-in;
-# notes/batch_growth.md).
 #: What DATE can measure the noise scale of: "gradient", "lars_step" (each leaf's gradient
-#: times its LARS trust ratio), "adam_step" (the gradient in Adam's metric) or "auto"
-#: (`Recipe.measured_noise_of`).
+#: times its LARS trust ratio), "adam_step" (the gradient in Adam's metric, 1/(√v̂ + ε) per
+#: coordinate; opt-in) or "auto" (the step LARS takes where DATE can measure it:
+#: `Recipe.measured_noise_of`).
 NOISE_OF = ("auto", "gradient", "lars_step", "adam_step")
 ADAM_STEP_OPTIMIZERS = ("adam", "adamw")
 _ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
@@ -163,14 +152,14 @@ class Recipe:
       measured noise scale grows (`dateopt.date.adaptive`'s `batch_sizes`).
     step_price: grow_batch only: the price of a step, in examples of the
       largest batch, in the rule "from rung B to B' once
-      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date.wants_next_rung`).
+      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date._progress.wants_next_rung`).
     noise_batch_exponent: grow_batch only: α, the noise scale read at rung
       B is credited × (B_max/B)^α for the gain and the climb
-      (`dateopt.date.credited_noise`); 0 reads it as measured.
+      (`dateopt.date._progress.credited_noise`); 0 reads it as measured.
     noise_of: what the noise scale is measured on (and, in adaptive mode,
       the gain and the batch's growth with it): "gradient"; "lars_step"
       (lars only): each leaf's gradient times its trust ratio, the gradient
-      part of the step LARS takes (`dateopt.date.noise_leaf_scales`);
+      part of the step LARS takes (`dateopt.date._builder.noise_leaf_scales`);
       "adam_step" (adam, adamw only): the gradient times Adam's
       preconditioner 1/(√v̂ + ε), coordinate by coordinate; or
       "auto" (the default): "lars_step" for a lars recipe without
@@ -178,14 +167,14 @@ class Recipe:
       (`measured_noise_of`). An adaptive plan keeps the baseline's unless
       told otherwise.
     batch_schedule: "none", or one of the field's fixed batch schedules
-      (`dateopt.date.batch_schedules`: "linear_ramp", "doubling", "seesaw",
+      (`dateopt.date._batch_schedules`: "linear_ramp", "doubling", "seesaw",
       "batch_for_decay"): with `base_batch_size` set, the LR schedule counts
       examples (baseline steps), the batch follows the schedule up to
       `batch_size`, and the run stops at the budget (`num_epochs`).
     batch_schedule_options: the schedule's resolved options (its start batch
       and its ramp in examples, or its α).
     adam_scaling: DATE's engine and the batch schedules (adam, adamw, lamb):
-      the rules of `dateopt.date.adam_scaling` ("b2", "eps", "weight_decay")
+      the rules of `dateopt.date._adam_scaling` ("b2", "eps", "weight_decay")
       applied at every step with its batch and LR factor; () by default.
     rationale: why each hyper-parameter has its value, keyed by field name
       (filled by `plan`, shown by `explain`).

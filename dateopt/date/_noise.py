@@ -160,7 +160,7 @@ def grouped_value_and_grad(
     has_aux: as in `jax.value_and_grad`.
     leaf_scales: `leaf_scales(params)` gives `combine_group_grads`'s
       `leaf_scales=` for the step at `params` (or None): e.g.
-      `functools.partial(date.noise_leaf_scales, recipe)` measures the noise
+      `functools.partial(dateopt.date._builder.noise_leaf_scales, recipe)` measures the noise
       of the step a LARS recipe takes. None: the gradient's.
 
   Returns:
@@ -230,7 +230,7 @@ def combine_group_grads(values: Any, group_grads: Any, batch_size: int, *,
       number the groups divide.
     leaf_scales: None (the gradient's norms), or `fn(mean_grads) -> tree` of
       one scalar per leaf: the factor the optimizer puts on each leaf's
-      gradient (LARS's trust ratios: `date.noise_leaf_scales`). The norms, and the
+      gradient (LARS's trust ratios: `dateopt.date._builder.noise_leaf_scales`). The norms, and the
       noise scale and gain taken from them, are then those of the step the
       optimizer takes. The factors come from the mean gradient, as the
       optimizer's do, and carry no gradient.
@@ -322,9 +322,8 @@ def _ema_bias(decay, count):
 
 
 # The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. |G|² falls
-# tenfold in training, and the noise EMAs' 100-step horizon spans 1,400 baseline steps of
-# progress at a gain of 14: B_noise read low and a grown run paid for it. At 0.95 a fixed 64x
-# LSTM's readings and gain ran away; 0.98 and 0.97 held (notes/batch_growth.md).
+# tenfold in training, and at a gain of 14 the noise EMAs' 100-step horizon spans 1,400
+# baseline steps of progress, over which a slower |G|² EMA reads B_noise low.
 #: The decay per measurement of the |G|² EMA in DATE's engine (`update_noise_scale`'s
 #: `signal_decay`): a 33-step horizon, shorter than that of the tr Σ EMA, since |G|² falls
 #: tenfold over training.

@@ -4,7 +4,7 @@ Cheap, jit-safe numbers: the global gradient norm, a min/median/max summary of
 the per-layer LARS trust ratios, and the update-to-parameter norm ratio.
 `track_statistics(tx)` wraps an optimizer and keeps them in its state;
 `statistics(opt_state)` reads them back, with the gradient noise scale of
-whichever `dateopt.date.noise` EMAs the state holds (`date.adaptive` or
+whichever `dateopt.date._noise` EMAs the state holds (`date.adaptive` or
 `measure_noise_scale`).
 """
 
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import masks, transforms
-from dateopt.date.divergence import as_optax_state
-from dateopt.date.noise import NoiseScaleState, noise_scale, tree_sq_norm
+from dateopt.date._divergence import as_optax_state
+from dateopt.date._noise import NoiseScaleState, noise_scale, tree_sq_norm
 from dateopt.validation import check_range
 
 class TrainingStatistics(NamedTuple):

@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import masks, schedules, transforms
-from dateopt.date import adam_scaling
-from dateopt.date.batch_schedules import BatchSchedule, scheduled_batch, schedule_of
-from dateopt.date.divergence import DIVERGENCE_PATIENCE, as_optax_state
-from dateopt.date.noise import SIGNAL_DECAY
-from dateopt.date.progress import adaptive, batch_ladder
-from dateopt.date.recipe import Recipe
+from dateopt.date import _adam_scaling as adam_scaling
+from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch, schedule_of
+from dateopt.date._divergence import DIVERGENCE_PATIENCE, as_optax_state
+from dateopt.date._noise import SIGNAL_DECAY
+from dateopt.date._progress import adaptive, batch_ladder
+from dateopt.date._recipe import Recipe
 from dateopt.validation import check_type
 
 OptimizerFactory = Callable[[optax.ScalarOrSchedule], optax.GradientTransformation]
@@ -77,12 +77,12 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
       the devices need other rungs than `batch_ladder(base, max)` (the
       trainer passes its batch layout's). Ignored for a fixed batch.
     divergence_patience: adaptive recipes: diverged steps in all before the
-      engine gives up (`dateopt.date.divergence`); None: no divergence watch.
+      engine gives up (`dateopt.date._divergence`); None: no divergence watch.
     batch_schedule: a recipe with a field `batch_schedule`: its schedule as the
       devices round it (`batch_schedule_of(recipe, multiple_of=...)`); None:
       `batch_schedule_of(recipe)`.
     rules_off: adaptive recipes: engine rules switched off, to measure what each buys
-      (`dateopt.date.progress.ENGINE_RULES`); default none.
+      (`dateopt.date._progress.ENGINE_RULES`); default none.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for

@@ -4,7 +4,7 @@ A tuned baseline (batch B0) has a learning-rate schedule lr0(τ) over T0 of its
 own steps. At batch B = k·B0 one step is worth r_t baseline steps, with r_t
 AdaScale's gain (Johnson et al. 2020, "AdaScale SGD: A User-Friendly Algorithm
 for Distributed Training"), computed every step from the gradient noise scale
-measured online (McCandlish et al. 2018, `dateopt.date.noise`)::
+measured online (McCandlish et al. 2018, `dateopt.date._noise`)::
 
     r_t   = (tr Σ/B0 + |G|²) / (tr Σ/B + |G|²)        ∈ [1, k]
     lr_t  = ramp_t · r_t^p · lr0(max(τ_t, W))          p = 1 ("linear") or ½ ("sqrt")
@@ -40,7 +40,7 @@ top rung the gain and the climb read B_noise × (B_max/B)^α (`credited_noise`,
 run reads less noise than the largest batch will (the study ResNet: 1.1-1.25×
 per doubling), and a rule that took its readings as they came climbed late. It does not
 climb past `EARLY_RUNGS` × its first rung, nor to its largest, before the run has learnt (its
-smoothed loss at `LEARNT` × its start, `dateopt.date.divergence.has_learnt`,
+smoothed loss at `LEARNT` × its start, `dateopt.date._divergence.has_learnt`,
 when the loss is given as `value=`): on an LSTM's chance plateau the measured
 noise scale is high, and a climb there raised the LR to where the run blew up
 or raced to its end. Up to that rung it climbs from its first look, warmup or
@@ -49,7 +49,7 @@ baseline's batch the plateau's readings are not resolved, and a batch a few
 times larger leaves the plateau in about half the steps. Nor does it
 climb while the divergence watch holds the gain (a rising loss), or while the
 loss sits above its best by more than `CLIMB_SHARE` of its gains
-(`dateopt.date.divergence.may_grow_batch`): a smaller wobble's noise reading
+(`dateopt.date._divergence.may_grow_batch`): a smaller wobble's noise reading
 took the study LSTM up two rungs in 40 steps. The gain and
 the progress are those of the batch each step really had
 (`GradientSqNorms.big_batch_size`), so a loop that follows the engine late
@@ -70,9 +70,9 @@ baseline, held 0.14; docs/results/growth_study.md). A hold
 leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
 may recover to but not pass, and a growing batch does not climb, until the loss
 sets a new best. Each noise reading is winsorized against the EMAs
-(`dateopt.date.noise.clip_readings`), so that one spike cannot triple the
+(`dateopt.date._noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
-`dateopt.date.divergence` watches the run. A step whose gradient jumps
+`dateopt.date._divergence` watches the run. A step whose gradient jumps
 `GRADIENT_JUMP` times its expected squared norm is skipped, so an exploding
 gradient never reaches the optimizer's moments; so is a step whose gradient, or the
 update the optimizer makes of it, is not finite (with the watch, both count toward
@@ -95,7 +95,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from dateopt.date.divergence import (
+from dateopt.date._divergence import (
     DIVERGENCE_PATIENCE,
     DIVERGENCE_RULES,
     DivergenceWatchState,
@@ -109,9 +109,9 @@ from dateopt.date.divergence import (
     may_grow_batch,
     update_watch,
 )
-from dateopt.date.adam_scaling import injected
-from dateopt.date.guard import all_finite
-from dateopt.date.noise import (
+from dateopt.date._adam_scaling import injected
+from dateopt.date._guard import all_finite
+from dateopt.date._noise import (
     SIGNAL_DECAY,
     GradientSqNorms,
     NoiseScaleState,
@@ -122,7 +122,7 @@ from dateopt.date.noise import (
     noise_scale,
     update_noise_scale,
 )
-from dateopt.date.recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
+from dateopt.date._recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
 from dateopt.validation import as_int, check_choice, check_range, check_scalar
 
 
@@ -139,7 +139,7 @@ class AdaptiveState(NamedTuple):
       fixed batch, or the current rung of a growing one.
     gain: the gain the last step applied (bounded; 1 before the first step).
     gain_batch_size: the batch of that step (int32).
-    watch: the divergence watch (`dateopt.date.divergence`).
+    watch: the divergence watch (`dateopt.date._divergence`).
     gain_cap: the ceiling a bump left on the gain (`bump_ceiling`): the gain
       of the step before the loss began to rise; inf while there is none.
   """
@@ -155,14 +155,9 @@ class AdaptiveState(NamedTuple):
   gain_cap: jax.Array
 
 
-# The gain's largest rise per step, relative. Healthy runs' measured gain moves far slower
-# once its EMAs have a few measurements (notes/divergence.md); a diverged run's soars. (5% was
-# tried: it cost a healthy fixed-8x LSTM 1.5 points, notes/batch_growth.md.)
 #: The largest relative rise of the gain in one step; a healthy run's gain moves far slower
 #: once its EMAs have a few measurements, a diverging run's soars.
 GAIN_RISE = 0.25
-# The first measurements set the gain as measured: the EMAs are still settling (the main
-# job's gain rises 12% a step at its 3rd), and the LEGW ramp keeps those steps' credit small.
 #: The first measurements, this many, set the gain as measured (the EMAs are still settling,
 #: and the LEGW ramp keeps those steps' credit small); after them it rises at most `GAIN_RISE`
 #: a step.
@@ -172,23 +167,15 @@ GAIN_SETTLE = 10
 #: few measurements at the new batch before the next decision.
 GROWTH_INTERVAL = 20
 
-# Before the run has learnt, a growing batch may climb to this many times its first rung, from
-# its first look (the warmup does not wait), with the gain held to √(B/B0). At the baseline's
-# batch the study LSTM sat ~240 steps on its chance plateau, where a batch of 2,048 reads a
-# resolved noise scale of 40-70 and leaves it in 60 (notes/batch_growth.md). 16, not 8: at τ
-# 200-400 the grown runs, climbing through 256, were 1.2-1.6x ahead of their credited progress in
-# loss, the fixed runs, at their batch from the first step, 1.3-2.8x, and the grown LSTM at 32x
-# seed 0 stalled at 256 behind the fixed 16x runs (notes/batch_growth.md); the fixed runs hold
-# √k, up to 8, there. The largest rung is never an early one: it is earned by the growth rule
-# on a run that has learnt (a ladder whose early climb ended on it was a fixed batch from step
-# 60, and cost the study LSTM at 8x 0.10x the baseline's examples).
 #: Before the run has learnt, a growing batch climbs to at most this many times its first
-#: rung, with the gain held to √(B/B0); the largest rung is never reached this way.
+#: rung, with the gain held to √(B/B0) (LEGW's LR at that batch); the largest rung is never
+#: reached this way, but earned by the growth rule on a run that has learnt. What each such
+#: rule buys is measured by `python -m dateopt.study --ablate` (docs/results/schedule_study.md).
 EARLY_RUNGS = 16
 
 #: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
 #: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
-#: are the divergence watch's ways into a diverged phase (`dateopt.date.divergence`).
+#: are the divergence watch's ways into a diverged phase (`dateopt.date._divergence`).
 ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "bump_ceiling",
                 "climb_share", "early_climb", "credited_noise", "winsorized_readings",
                 "signal_horizon", "gradient_jump_skip") + DIVERGENCE_RULES
@@ -276,7 +263,7 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   with it a fixed batch, reads as measured; α = 0 turns the credit off.
 
   Example:
-    >>> from dateopt.date.noise import GradientSqNorms, init_noise_scale, update_noise_scale
+    >>> from dateopt.date._noise import GradientSqNorms, init_noise_scale, update_noise_scale
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.0)
     >>> credited = credited_noise(s, 80, max_batch_size=2560)  # × (2560/80)^0.2 = × 2
     >>> float(noise_scale(s)), round(float(noise_scale(credited)), 2)
@@ -355,7 +342,7 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
 
   Example:
     >>> import jax.numpy as jnp
-    >>> from dateopt.date.divergence import init_watch
+    >>> from dateopt.date._divergence import init_watch
     >>> watch = init_watch()._replace(ema=jnp.float32(0.6), best=jnp.float32(0.5))
     >>> cap = bump_ceiling(jnp.float32(jnp.inf), 10.0, watch, holding=True, steady=False)
     >>> float(cap), float(bump_ceiling(cap, 1.0, watch, holding=True, steady=False))
@@ -482,12 +469,12 @@ def adaptive(
     noise_batch_exponent: with `batch_sizes`: α, the gain and the climb read
       the noise scale of rung B × (B_max/B)^α (`credited_noise`); 0: as measured.
     growth_interval: steps between two looks at the growth rule.
-    divergence_patience: diverged steps in all (`dateopt.date.divergence`)
+    divergence_patience: diverged steps in all (`dateopt.date._divergence`)
       before the engine gives up; None turns the watch off. The watch needs
       the loss as `value=`; without it, it never fires.
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and the LR
-      factor its gain applied (`dateopt.date.adam_scaling.rung_hyperparams`).
+      factor its gain applied (`dateopt.date._adam_scaling.rung_hyperparams`).
     rules_off: `ENGINE_RULES` switched off, to measure what each buys (an ablation;
       "gain_rise_bound" takes the |G|² ≤ 0 hold with it, "rising_hold" the bump's
       ceiling, which only a hold sets; the rules of the watch need `value=` and a
@@ -706,7 +693,7 @@ def progress_done(opt_state: Any, base_steps: int) -> jax.Array:
   """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`.
 
   A `scheduled_batch` optimizer's state is read alike (its examples seen over B0). A state
-  without either raises ValueError (`dateopt.date.divergence.adaptive_part`).
+  without either raises ValueError (`dateopt.date._divergence.adaptive_part`).
   """
   return _batch_engine(opt_state).progress >= base_steps
 
