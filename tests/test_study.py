@@ -633,3 +633,18 @@ def test_a_cell_whose_rule_has_no_recipe_is_kept_with_its_reason_and_not_run(tmp
   runner.run([refused, plannable], progress=False)
   assert ran == [plannable.key]  # neither is run again
   assert f"`{refused.key}` (budget 1×): warmup_epochs" in study_main.unplannable_report(runner)
+  runner.forget(["legw"])  # --rerun plans a refused cell again, and it is refused again
+  assert runner.unplannable() == [] and runner.rows() == []
+  runner.run([refused], progress=False)
+  assert [row["key"] for row in runner.unplannable()] == [refused.key] and ran == [plannable.key]
+
+
+def test_a_config_error_is_raised_not_kept_as_a_rule_without_a_recipe(tmp_path, monkeypatch):
+  """An unknown `adam_scaling` rule is the config's error: every cell would fail with it."""
+  monkeypatch.setattr(study.runner, "run_cell", lambda *args: pytest.fail("ran a cell"))
+  config = configs.load(TINY)
+  config.plan.adam_scaling = ("b3",)
+  runner = study.Study(str(tmp_path), {"t": config})
+  with pytest.raises(ValueError, match="b3"):
+    runner.run([study.Cell("t", "legw", 4, 0)], progress=False)
+  assert runner.unplannable() == []

@@ -49,6 +49,21 @@ DEFAULT_PROMOTION_ANCHORS = {
 DEFAULT_PROMOTE_ABOVE = 8192
 
 
+class PlanningError(ValueError):
+  """The rule's recipe at this batch is not a valid `Recipe`: the rule has no recipe there.
+
+  For example LEGW's warmup of k·w0 epochs is longer than a run of E epochs once
+  k·w0 ≥ E (You et al., SC'19, §3). A ValueError, as every bad input to `plan` is;
+  its own class so that a sweep can keep such a cell as a result of the rule.
+  """
+
+
+def _no_recipe(error: ValueError, batch_size: int, strategy: str,
+               base_batch_size: int) -> PlanningError:
+  return PlanningError(f"{error} (planning batch_size={batch_size} with strategy "
+                       f"{strategy!r} from batch {base_batch_size})")
+
+
 class LargeBatchWarning(UserWarning):
   """The planned batch is far beyond the measured critical batch size."""
 
@@ -256,8 +271,7 @@ def plan(
   try:
     return baseline.replace(**changes, rationale=why)
   except ValueError as e:
-    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy "
-                     f"{strategy!r} from batch {baseline.batch_size})") from e
+    raise _no_recipe(e, batch_size, strategy, baseline.batch_size) from e
 
 
 def _check_budget_and_options(strategy: str, budget: float,
@@ -357,8 +371,7 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
         grow_batch=grow_batch, step_price=step_price, noise_batch_exponent=noise_batch_exponent,
         noise_of=baseline.noise_of if noise_of is None else noise_of)
   except ValueError as e:
-    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy 'adaptive' "
-                     f"from batch {baseline.batch_size})") from e
+    raise _no_recipe(e, batch_size, "adaptive", baseline.batch_size) from e
   if noise_scale is not None:
     why.update(_budget_notes(noise_scale, planned, critical_batch_factor))
   if planned.measured_noise_of == "lars_step":
@@ -434,8 +447,7 @@ def _scheduled_plan(baseline: Recipe, batch_size: int, strategy: str, budget: fl
                                batch_schedule=strategy, batch_schedule_options=resolved)
     schedule = batch_schedule_of(planned)
   except ValueError as e:
-    raise ValueError(f"{e} (planning batch_size={batch_size} with strategy {strategy!r} "
-                     f"from batch {b0})") from e
+    raise _no_recipe(e, batch_size, strategy, b0) from e
   steps, examples = schedule.steps_for(planned.total_steps * b0)
   why = {
       "batch_size": f"the largest batch: k = {batch_size / b0:g} × baseline",

@@ -85,7 +85,7 @@ def parse_args(argv=None):
                       help="every run's config.signal_decay: the |G|^2 EMA's decay per step "
                            "(default: the configs'); use a fresh --outdir")
   parser.add_argument("--adam-scaling", default=None,
-                      help="every plan's adam_scaling (dateopt.date._adam_scaling: b2, eps, "
+                      help="every plan's adam_scaling (date.plan's adam_scaling: b2, eps, "
                            "weight_decay, comma-separated); use a fresh --outdir")
   return parser.parse_args(argv)
 
@@ -174,6 +174,7 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   if predictions:
     text += ("\n\n### DATE's predictions from the baseline's noise-scale profile, before "
              "training\n\n" + predictions)
+  text += unplannable_report(runner)
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")

@@ -298,14 +298,14 @@ def planning_refusal(cell: Cell, config: ml_collections.ConfigDict,
 
   A published rule can have no recipe at a batch: LEGW's warmup of k·w0 epochs
   is longer than a run of E epochs once k·w0 ≥ E (You et al., SC'19, §3). Such a
-  cell is a result of the rule, kept with its reason, not a crash of the grid.
-  The baseline always plans: its errors are the config's and are raised.
+  cell is a result of the rule (`PlanningError`), kept with its reason, not a
+  crash of the grid; any other error is the config's, and is raised.
   """
   if cell.strategy == "baseline":
     return None
   try:
     train.plan_recipe(config, num_train_examples)
-  except ValueError as error:
+  except planner_lib.PlanningError as error:
     return str(error)
   return None
 

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from dateopt import data, strict_json
 from dateopt.study.cells import (ADAPTIVE_STRATEGIES, STRATEGIES, Cell, cell_config,
                                  filled_profile, planning_refusal, run_cell)
+from dateopt.date._planner import PlanningError
 from dateopt.train import workdir_lock
 from dateopt.validation import check_choice
 
@@ -69,18 +70,12 @@ class Study:
     return list(by_key.values())
 
   def forget(self, strategies: Sequence[str]) -> int:
-    """Drops the finished rows of `strategies` (a backup stays in cells.jsonl.bak)."""
+    """Drops the finished rows of `strategies` (a backup stays in cells.jsonl.bak), and their
+    refused cells, which a re-run then plans again; returns the finished rows dropped."""
     for strategy in strategies:
       check_choice("strategies", strategy, tuple(STRATEGIES))
-    rows = self.rows()
-    kept = [row for row in rows if row["strategy"] not in strategies]
-    if len(kept) < len(rows):
-      shutil.copy(self.results_path, self.results_path + ".bak")
-      tmp = self.results_path + ".tmp"
-      with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(strict_json.line(row) for row in kept)
-      os.replace(tmp, self.results_path)
-    return len(rows) - len(kept)
+    _drop_rows(self.unplannable_path, self.unplannable(), strategies)
+    return _drop_rows(self.results_path, self.rows(), strategies)
 
   def run(self, cells: Sequence[Cell], *, progress: bool = True) -> list[dict[str, Any]]:
     """Runs the unfinished `cells` in order; returns every finished row."""
@@ -95,7 +90,8 @@ class Study:
       with self._claim(cell) as claimed:
         if not claimed:
           bar.write(f"{cell.key}: skipped, another process is running it")
-        elif cell.key not in {row["key"] for row in self.rows()}:  # not finished meanwhile
+        elif cell.key not in {row["key"] for row in self.rows() + self.unplannable()}:
+          # (another process has not finished or refused it meanwhile)
           bar.set_description(cell.key)
           config, reason = self._config_or_refusal(cell)
           if reason is not None:
@@ -113,11 +109,11 @@ class Study:
   def _config_or_refusal(self, cell: Cell) -> tuple[ml_collections.ConfigDict | None,
                                                      str | None]:
     """The cell's config, or None and the planner's reason when its rule has no recipe."""
-    if cell.strategy == "baseline":  # its errors are the config's: raised
+    if cell.strategy == "baseline":
       return self.config_for(cell), None
     try:
       config = self.config_for(cell)  # a field schedule's steps are planned here
-    except ValueError as error:
+    except PlanningError as error:
       return None, str(error)
     return config, planning_refusal(cell, config, self.num_train_examples(cell.workload))
 
@@ -189,3 +185,16 @@ def _one_line(row: Mapping[str, Any]) -> str:
   return (f"{row['key']}: {quality} in {row['steps']:,} steps"
           + (f" (predicted {predicted:,})" if predicted and row["strategy"] == "adaptive" else "")
           + f", {row['wall_seconds']:.0f} s")
+
+
+def _drop_rows(path: str, rows: Sequence[dict[str, Any]], strategies: Sequence[str]) -> int:
+  """Rewrites the JSON lines at `path` without the `strategies`' rows, atomically (the old
+  file stays as .bak); returns how many it dropped."""
+  kept = [row for row in rows if row["strategy"] not in strategies]
+  if len(kept) < len(rows):
+    shutil.copy(path, path + ".bak")
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(strict_json.line(row) for row in kept)
+    os.replace(tmp, path)
+  return len(rows) - len(kept)
