@@ -14,6 +14,7 @@ import pytest
 
 from dateopt import date, train
 from dateopt.date import _noise as noise_lib
+from dateopt.date import _progress as progress_lib
 
 import conftest  # tests/conftest.py: the XLA flags the subprocesses need too
 import tiny_config  # tests/tiny_config.py, also used by the subprocess runs
@@ -335,6 +336,11 @@ def test_adaptive_run_stops_by_itself_and_reports_its_steps(tmp_path):
   assert max(r["step"] for r in rows if "train/loss" in r) == result.steps
   gains = [r["train/date/gain"] for r in rows if "train/date/gain" in r]
   assert all(1.0 <= g <= 4.0 for g in gains)
+  # The phase every logged step: it warms up first, ends done, and never diverges.
+  phases = [progress_lib.PHASES[int(r["train/date/phase"])] for r in rows
+            if "train/date/phase" in r]
+  assert len(phases) == len(progress) and phases[0] == "warmup" and phases[-1] == "done"
+  assert not {"diverged", "gave_up"} & set(phases)
   assert any(r.get("run/steps") == result.steps for r in rows)
   timed = [r for r in rows if "train/step_seconds" in r]
   assert timed and all(r["train/examples_per_second"] > 0 for r in timed)

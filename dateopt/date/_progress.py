@@ -689,6 +689,39 @@ def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] |
   return ladder
 
 
+#: The engine's phases after a step, as `phase` tells them apart; `date/phase` logs the index.
+PHASES = ("warmup", "plateau", "learning", "hold", "diverged", "done", "gave_up")
+
+
+def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int) -> jax.Array:
+  """Which of `PHASES` the `adaptive` engine is in after its last step (an int32 index).
+
+  The first that holds: "gave_up" (diverged for the watch's patience: updates
+  are zero), "diverged" (a divergence under way: no progress credited, the LR
+  cut), "done" (progress has covered `base_steps`), "warmup" (LEGW's ramp,
+  engine step < `warmup_steps`), "hold" (the loss has given back a share of its
+  gains: gain 1, nothing measured), "plateau" (the run has not learnt yet: the
+  batch climbs only early, a fixed batch's gain is held to √(B/B0)), else
+  "learning" (AdaScale's gain, the growth rule). A run without a loss
+  (`value=`) has no watch: it is in "warmup", "learning" or "done".
+
+  Example:
+    >>> import optax
+    >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
+    ...               optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
+    ...               base_steps=1000, warmup_steps=5)
+    >>> PHASES[int(phase(tx.init({"w": jnp.ones(2)}), base_steps=1000, warmup_steps=5))]
+    'warmup'
+  """
+  watch = state.watch
+  watched = watch.count > 0
+  tests = [("gave_up", watch.gave_up), ("diverged", watch.diverged_steps > 0),
+           ("done", state.progress >= base_steps), ("warmup", state.count < warmup_steps),
+           ("hold", watched & loss_rising(watch)), ("plateau", watched & ~has_learnt(watch))]
+  return jnp.select([held for _, held in tests], [PHASES.index(name) for name, _ in tests],
+                    default=PHASES.index("learning")).astype(jnp.int32)
+
+
 def progress_done(opt_state: Any, base_steps: int) -> jax.Array:
   """Whether the `adaptive` optimizer somewhere in `opt_state` has covered `base_steps`.
 

@@ -21,6 +21,7 @@ from dateopt.train import accumulation
 from dateopt.date import _batch_schedules as batch_schedules_lib
 from dateopt.date import _builder as builder_lib
 from dateopt.date import _noise as noise_lib
+from dateopt.date import _progress as progress_lib
 
 
 @flax.struct.dataclass
@@ -262,6 +263,9 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
     out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
+    if recipe is not None:  # an index into PHASES (docs/guides/training.md)
+      out["date/phase"] = progress_lib.phase(adaptive, base_steps=recipe.total_steps,
+                                             warmup_steps=recipe.warmup_steps)
   scheduled = optax.tree.get(opt_state, batch_schedules_lib.BatchScheduleState.__name__)
   if scheduled is not None:  # a field batch schedule: its progress and next batch
     out["date/progress"] = scheduled.progress
