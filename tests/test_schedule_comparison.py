@@ -94,6 +94,10 @@ def test_the_comparison_by_hand():
   assert "not against Seesaw" in text and "Runs that dominate a DATE grown run" in text
   health = compare.health_report([dict(rows[0], peak_lr=0.008, loss_trend=0.42)])
   assert "| lstm/baseline/1x/seed0 | 1,000 | 10,000 | 98.00% | 0 | 0.008 | 0.42 |" in health
+  # A run too short for a trend (its JSON null) and a row without its log read: "—".
+  health = compare.health_report([dict(rows[0], peak_lr=0.008, loss_trend=None), rows[0]])
+  assert health.count("| lstm/baseline/1x/seed0 | 1,000 | 10,000 | 98.00% | 0 |") == 2
+  assert "| 0.008 | — |" in health and "| — | — |" in health
   # The other seeds of each method's best run at the bar: the ramp's budget-2 run (110
   # steps, the fewest at the bar), Seesaw's only run (which also dominates DATE grown).
   again = [c.key for c in compare.reseeded(rows)]

@@ -285,6 +285,14 @@ def health_report(rows: Sequence[Mapping[str, Any]]) -> str:
     value = (f"{row['final_loss']:.4f} nats" if "final_loss" in row
              else f"{100 * row['final_accuracy']:.2f}%")
     lines.append(f"| {row['key']} | {row['steps']:,} | {row['examples']:,} | {value} | "
-                 f"{row.get('guard_skipped', 0)} | {row.get('peak_lr', math.nan):.4g} | "
-                 f"{row.get('loss_trend', math.nan):.2f} |")
+                 f"{row.get('guard_skipped', 0)} | {_known(row.get('peak_lr'), '.4g')} | "
+                 f"{_known(row.get('loss_trend'), '.2f')} |")
   return "\n".join(lines)
+
+
+def _known(value: float | None, spec: str) -> str:
+  """`value` formatted, or "—" where the run's log does not say (too few logged losses for
+  a trend, or a row from before its workdir's metrics were read)."""
+  if value is None or math.isnan(value):
+    return "—"
+  return format(value, spec)
