@@ -35,10 +35,11 @@ data: install
 ## The test suite (8 simulated CPU devices are set in tests/conftest.py); the language-model
 ## notebook reads the default corpus, so it is prepared first. Two worker processes, a test
 ## file each at a time (module fixtures are shared within a file): one per core of a 2-core
-## machine, where one process alone leaves a core idle while it compiles or waits.
+## machine, where one process alone leaves a core idle while it compiles or waits. The
+## longest files start first (tests/conftest.py, LONGEST_FILES), in collection order.
 TEST_WORKERS ?= 2
 test: data
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 ## The edit-loop subset: every test not marked slow (training runs, subprocesses, notebooks).
 test-fast: install
