@@ -20,10 +20,11 @@ it had there. Runs at different batches then show whether a larger batch reads m
 (notes/batch_growth.md, "Where the grown ResNet loses its steps": the study ResNet does,
 1.1-1.25x a doubling):
 
-  python scripts/price_frontier.py docs/growth_study/early_below_top/runs/resnet_adaptive_*_seed0 \
+  python scripts/price_frontier.py docs/growth_study/runs/resnet_adaptive_*_seed0 \
       --readings-at 300,1000,3000,6000
 
-(the folders the growth study's command in `docs/results/growth_study.md` writes).
+(the run folders the growth study's command in `docs/results/growth_study.md` writes; they
+are not kept in git).
 
 `--climbs` checks it within one grown run, where the state is the same on both sides of a
 climb: at each climb past step 100, the B_noise logged 40 steps into the new rung against the
@@ -31,7 +32,7 @@ one logged at the climb, divided by the run's own trend over the 40 steps before
 the progress each stretch covered (notes/batch_growth.md, "The batch trend at a climb, within
 one run"):
 
-  python scripts/price_frontier.py docs/growth_study/early_below_top/runs/lstm_adaptive_grow_* \
+  python scripts/price_frontier.py docs/growth_study/runs/lstm_adaptive_grow_* \
       --climbs
 
 `--loss-against BASELINE` (with `--readings-at`) asks what the credited progress bought: each
@@ -42,9 +43,9 @@ buys in loss", in "two other readings of the critical batch"). Read it early in 
 the baseline's logged loss (one small batch's) sits at its noise floor, every later match
 saturates there:
 
-  python scripts/price_frontier.py docs/growth_study/fixed_hold/runs/lstm_adaptive_*_seed0 \
+  python scripts/price_frontier.py docs/growth_study/runs/lstm_adaptive_*_seed0 \
       --readings-at 200,400,800,1600,3200 \
-      --loss-against docs/growth_study/fixed_hold/runs/lstm_baseline_1x_seed0
+      --loss-against docs/growth_study/runs/lstm_baseline_1x_seed0
 """
 
 import argparse

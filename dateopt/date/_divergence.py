@@ -3,9 +3,9 @@
 Why the engine needs its own watch: once a model diverges, its gradients look
 like noise, the measured noise scale soars, AdaScale's gain goes to k, and
 the progress races to the baseline's total: the run "finishes" with a broken
-model (three of the scaling study's first-pass LSTM runs, and a 1000x-LR run,
-scripts/divergence_evidence.py). The divergence guard cannot see it: the loss rises over
-tens of steps, not as a spike, and at chance level it stops rising at all.
+model (the evidence: docs/results/engine_rules.md, 'The divergence watch'). The
+divergence guard cannot see it: the loss rises over tens of steps, not as a
+spike, and at chance level it stops rising at all.
 
 The watch reads the step's loss (`value=`, as `divergence_guard` does). It
 keeps `start`, the smaller of the first loss and the mean of the first
@@ -51,11 +51,10 @@ the watch's third test: `adaptive` skips such a step (`count_gradient_jump`),
 as it does a step whose gradient or update is not finite, and a run whose
 gradients keep exploding is stopped by the same patience: its skipped steps
 never move its loss, so it could neither diverge by the loss rules nor end
-(the main job at 1000x its LR skipped 7,524 of 7,563 steps and "finished" at
-10%, scripts/divergence_evidence.py). None of these fired as
-a divergence on any healthy run the project has (scripts/divergence_evidence.py); where
-nothing fires, the engine's arithmetic is that of an engine without the
-watch, bit for bit.
+(the evidence: docs/results/engine_rules.md, 'The gradient-jump skip'). The
+thresholds sit where a healthy run does not reach them (the evidence:
+docs/results/engine_rules.md, 'The divergence watch'); where nothing fires, the
+engine's arithmetic is that of an engine without the watch, bit for bit.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ import optax
 from dateopt.date._noise import corrected_estimates
 
 # The watch's thresholds, as shares of the loss's start and of its gains; what they catch and
-# what they leave alone is measured by scripts/divergence_evidence.py (docs/guides/date.md).
+# what they leave alone: docs/results/engine_rules.md, 'The divergence watch'.
 FIRST_LOSSES = 10
 LOSS_DECAY = 0.95
 LEARNT = 0.8
@@ -79,7 +78,9 @@ RECOVERED = 0.25
 BLOW_UP = 2.0
 STALL_PROGRESS = 0.25
 STALL_DROP = 0.9
-STALL_STEPS = 100  # an LSTM can sit at chance ~100 steps at any batch: a short run's quarter
+# A run on a chance plateau has not yet failed to learn: "no learning" waits for this many
+# losses too (the evidence: docs/results/engine_rules.md, 'The no-learning rule').
+STALL_STEPS = 100
 CUT_EVERY = 10
 # A diverged run whose 5-step loss fell by this share of its start in CUT_EVERY steps is
 # recovering: no cut then (a recovery must not be starved of LR), and those steps do not
@@ -293,9 +294,9 @@ def loss_rising(state: DivergenceWatchState) -> jax.Array:
   `HOLD_SHARE` of it.
 
   A loss on its way up makes the gradient look like noise before any rule
-  fires (the scaling study's 32x LSTM: the measured gain went 3 → 30 in 60
-  steps as its loss rose from 0.6 to 2.2): `adaptive` then does not measure
-  the noise, and walks at the baseline's pace (gain 1) until the loss is back.
+  fires, and a gain read from it would speed the climb (the evidence:
+  docs/results/engine_rules.md, 'The rising-loss hold'): `adaptive` then does not
+  measure the noise, and walks at the baseline's pace (gain 1) until the loss is back.
   """
   return _rising(state.count, _start(state), state.fast, state.best)
 
@@ -303,8 +304,9 @@ def loss_rising(state: DivergenceWatchState) -> jax.Array:
 def has_learnt(state: DivergenceWatchState) -> jax.Array:
   """Whether the run's smoothed loss has fallen to `LEARNT` × its start (`FIRST_LOSSES` in).
 
-  `adaptive` grows the batch only then: a climb on an LSTM's chance plateau
-  raised the LR to where the run blew up or raced (docs/results/growth_study.md).
+  `adaptive` grows the batch past its early rungs only then: a plateau's noise
+  readings are not resolved (the evidence: docs/results/engine_rules.md, 'The early
+  climb').
 
     >>> watch = init_watch()
     >>> for loss in [2.3] * 10 + [1.5] * 40:
@@ -320,10 +322,9 @@ def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
   """Whether the loss lets a growing batch climb: the run `has_learnt`, and its 5-step mean
   is within `CLIMB_SHARE` of its gains above its best.
 
-  A wobble too small to hold the gain (`loss_rising`) still reads as noise: on
-  the study LSTM (seed 1, 64x) such a bump lifted the measured noise scale
-  213 -> 1,214 and the batch took two rungs in 40 steps, 96.46% against the
-  baseline's 99.16%; waiting for the loss to come back gave 98.74%.
+  A wobble too small to hold the gain (`loss_rising`) still reads as noise, and
+  a rung is never given back (the evidence: docs/results/engine_rules.md, 'The
+  climb share').
 
     >>> watch = init_watch()
     >>> for loss in [2.3] * 10 + [0.5] * 100:

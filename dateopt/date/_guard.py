@@ -163,10 +163,10 @@ def divergence_guard(
   multiplier 1 the update is the inner one as it is, so a healthy run trains
   exactly as without the guard.
 
-  The defaults are far from the loss noise of healthy runs (batch 16 to 512;
-  Adam, SGD momentum, LARS): the worst measured z-score of 3 consecutive
-  steps is 6.7, the threshold is 20 (see the comment above
-  `_DEFAULT_SPIKE_THRESHOLD`). Skipping loss spikes and lowering the LR is
+  The defaults are far from the loss noise of healthy runs: the threshold is
+  3x the worst z-score of 3 consecutive steps of healthy runs with the guard
+  off (see the comment above `_DEFAULT_SPIKE_THRESHOLD`; the evidence:
+  docs/results/guard.md). Skipping loss spikes and lowering the LR is
   how PaLM (Chowdhery et al., 2022, arXiv:2204.02311, section 5.1) and OPT
   (Zhang et al., 2022, arXiv:2205.01068) got through divergences in
   large-batch training.

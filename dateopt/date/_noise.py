@@ -321,9 +321,10 @@ def _ema_bias(decay, count):
   return 1.0 - decay ** count
 
 
-# The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. |G|² falls
-# tenfold in training, and at a gain of 14 the noise EMAs' 100-step horizon spans 1,400
-# baseline steps of progress, over which a slower |G|² EMA reads B_noise low.
+# The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. An EMA lags a
+# moving value by about its horizon, and at a gain r the noise EMAs' 100-step horizon spans
+# 100·r baseline steps of progress, over which a slower |G|² EMA reads B_noise low (the
+# evidence: docs/results/engine_rules.md, 'The EMA horizons').
 #: The decay per measurement of the |G|² EMA in DATE's engine (`update_noise_scale`'s
 #: `signal_decay`): a 33-step horizon, shorter than that of the tr Σ EMA, since |G|² falls
 #: tenfold over training.
@@ -342,10 +343,11 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
 
   tr Σ is clipped to ±`clip` × its EMA, and |G|² (a difference of two squared
   norms, each about |G|² + tr Σ/b) to ±`clip` × the expected |G_B|² = |G|² +
-  tr Σ/B. A loss spike's readings (tr Σ a hundred times its average on the
-  study LSTM) then move the EMAs a few percent a step instead of tripling the
-  noise scale, and with it the gain, in 20 steps (docs/results/growth_study.md); a
-  noise scale that grows tenfold over a thousand steps is followed as before.
+  tr Σ/B. One reading then moves an EMA at most a few percent, so a loss
+  spike's readings cannot run the noise scale, and with it the gain, away within
+  a growth interval (the evidence: docs/results/engine_rules.md, 'The winsorized
+  readings'); a noise scale that grows tenfold over a thousand steps is followed
+  as before.
   Before `CLIP_AFTER` measurements nothing is clipped.
 
   Example:
@@ -374,8 +376,9 @@ def update_noise_scale(
 
   `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
   falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
-  moving value by about its horizon: at a gain of 14, a 100-step horizon spans
-  1,400 baseline steps, and B_noise reads low (docs/results/growth_study.md). The
+  moving value by about its horizon: at a gain r, a 100-step horizon spans
+  100·r baseline steps, and B_noise reads low (the evidence:
+  docs/results/engine_rules.md, 'The EMA horizons'). The
   state keeps its format: `grad_sq_ema` holds the faster EMA
   rescaled to the bias of `decay`'s, so `noise_scale`, `gain_from_estimates` and
   `corrected_estimates` read it as before.

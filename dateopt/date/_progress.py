@@ -34,23 +34,23 @@ and takes the rung that makes the run cheapest: a baseline step of progress
 costs (B + λ)/r(B) ∝ B + λ + B_noise + λ·B_noise/B at batch B, smaller at B'
 exactly when B·B' ≤ λ·B_noise; its continuous optimum is McCandlish's
 B* = √(λ·B_noise). The batch follows the square root of the noise scale, not
-the noise scale itself (docs/results/growth_study.md has the evidence). Below the
-top rung the gain and the climb read B_noise × (B_max/B)^α (`credited_noise`,
-α = `noise_batch_exponent`, 0.2): at equal progress a smaller batch's hotter
-run reads less noise than the largest batch will (the study ResNet: 1.1-1.25×
-per doubling), and a rule that took its readings as they came climbed late. It does not
-climb past `EARLY_RUNGS` × its first rung, nor to its largest, before the run has learnt (its
-smoothed loss at `LEARNT` × its start, `dateopt.date._divergence.has_learnt`,
-when the loss is given as `value=`): on an LSTM's chance plateau the measured
-noise scale is high, and a climb there raised the LR to where the run blew up
-or raced to its end. Up to that rung it climbs from its first look, warmup or
-not, with the gain held to √(B/B0) until the run has learnt: at the
-baseline's batch the plateau's readings are not resolved, and a batch a few
-times larger leaves the plateau in about half the steps. Nor does it
-climb while the divergence watch holds the gain (a rising loss), or while the
-loss sits above its best by more than `CLIMB_SHARE` of its gains
-(`dateopt.date._divergence.may_grow_batch`): a smaller wobble's noise reading
-took the study LSTM up two rungs in 40 steps. The gain and
+the noise scale itself (the evidence: docs/results/engine_rules.md, 'The growth
+rule'). Below the top rung the gain and the climb read B_noise × (B_max/B)^α
+(`credited_noise`, α = `noise_batch_exponent`, 0.2): at equal progress a smaller
+batch's hotter run reads less noise than the largest batch will, so readings taken
+as they come would climb late (the evidence: docs/results/engine_rules.md, 'The noise
+credit'). It does not climb past `EARLY_RUNGS` × its first rung, nor to its largest,
+before the run has learnt (its smoothed loss at `LEARNT` × its start,
+`dateopt.date._divergence.has_learnt`, when the loss is given as `value=`): a
+plateau's noise readings are not resolved, and a gain or a batch taken from them
+over-drives the LR. Up to that rung it climbs from its first look, warmup or
+not, with the gain held to √(B/B0) until the run has learnt: a batch a few times
+the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
+'The early climb'). Nor does it climb while the divergence watch holds the gain (a
+rising loss), or while the loss sits above its best by more than `CLIMB_SHARE` of its
+gains (`dateopt.date._divergence.may_grow_batch`): a rung is never given back, and a
+wobble too small to hold the gain still lifts the noise reading (the evidence:
+docs/results/engine_rules.md, 'The climb share'). The gain and
 the progress are those of the batch each step really had
 (`GradientSqNorms.big_batch_size`), so a loop that follows the engine late
 loses nothing. `next_batch_size(opt_state)` is the batch the
@@ -65,8 +65,8 @@ the gain would jump to k), nor, once the run has learnt, while its loss sits abo
 its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
 after the loss has stopped rising). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
-at any batch (a fixed 16x study LSTM that took them ended 0.99 points below its
-baseline, held 0.14; docs/results/growth_study.md). A hold
+at any batch (the evidence: docs/results/engine_rules.md, 'The gain hold until the run
+has learnt'). A hold
 leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
 may recover to but not pass, and a growing batch does not climb, until the loss
 sets a new best. Each noise reading is winsorized against the EMAs
@@ -258,8 +258,8 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
 
   tr Σ × (B_max/B)^α, so B_noise × (B_max/B)^α: at equal progress a smaller
   batch's run is hotter, its |G|² larger, and it reads less noise than the
-  largest rung will (the study ResNet: 1.1-1.25× per doubling, α = 0.2 ≈
-  log2 1.15; docs/results/growth_study.md). The top rung, and
+  largest rung will (α = 0.2 ≈ log2 1.15, 1.15× per doubling; the evidence:
+  docs/results/engine_rules.md, 'The noise credit'). The top rung, and
   with it a fixed batch, reads as measured; α = 0 turns the credit off.
 
   Example:
@@ -320,8 +320,8 @@ def _no_rise_off_best(gain, previous, watch, learnt):
   its best by more than `CLIMB_SHARE` of its gains (`may_grow_batch` false).
 
   After a bump the readings stay high for a while once the loss has stopped
-  rising; a gain that followed them raced a fixed 64x study LSTM (seed 1) to
-  its end 1.49 points below its baseline, held it ended 0.61 below (docs/results/growth_study.md).
+  rising, and a gain that followed them would race the run to its end on a bump's
+  noise (the evidence: docs/results/engine_rules.md, 'The climb share').
   """
   off_best = learnt & ~may_grow_batch(watch)
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
@@ -335,10 +335,9 @@ def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
   and after it, until a `steady` step whose loss EMA sets a new best
   (`watch.ema <= watch.best`) lifts it (inf: none). Until then the gain may
   recover up to the ceiling, not past it, and a growing batch does not climb.
-  After a bump the readings keep rising while the loss does not come back: on
-  one host the study LSTM's 64x grown seed 1 followed them from gain 10 to 35
-  and ended 1.95 points below its baseline; with the ceiling, 0.36 below
-  (docs/results/growth_study.md).
+  After a bump the readings keep rising while the loss does not come back: they
+  measure the bump, not the batch (the evidence: docs/results/engine_rules.md, 'The
+  bump ceiling').
 
   Example:
     >>> import jax.numpy as jnp
@@ -454,10 +453,9 @@ def adaptive(
     warmup_steps: W, the baseline's warmup in steps (LEGW keeps it in steps).
     gain_rule: "linear" (lr × r, AdaScale's rule for SGD) or "sqrt" (lr × √r).
     noise_decay: EMA decay of the noise-scale estimates, per measurement. The
-      default 0.99 (a ~100-measurement horizon) is measured: with 0.95 a
-      64x Adam run on MNIST-1D read a passing loss bump as pure noise, its gain
-      jumped from 18 to 48 and the run diverged; with 0.99 the same seed
-      reached the baseline's accuracy (measured at commit 2ff5ab1).
+      default 0.99 (a ~100-measurement horizon) is long enough that a passing loss
+      bump does not read as pure noise (the evidence: docs/results/engine_rules.md,
+      'The EMA horizons').
     signal_decay: the |G|² EMA's own decay per measurement (`update_noise_scale`),
       `SIGNAL_DECAY` (0.97) by default: |G|² falls faster than tr Σ, and at a high gain a
       100-step horizon reads B_noise low; None: `noise_decay` (one horizon).
@@ -774,15 +772,13 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   what the baseline logged). The gain and the climb read it × (B_max/B0)^α
   (α = `noise_batch_exponent`): a run at batch B reads the baseline's noise
   × (B/B0)^α, the batch trend `credited_noise` credits, so at every rung the
-  credited reading is the largest batch's. On the growth study's baseline
-  profiles this predicts every fixed and grown run group at 8x-64x within 0%
-  and +16% of the steps it took, where the profile read as measured (α = 0)
-  was 18-92% high (docs/results/growth_study.md). A one-rung
+  credited reading is the largest batch's (how close it comes: docs/results/engine_rules.md,
+  'The noise credit'). A one-rung
   ladder is a fixed batch. `read_at_batch_size` (default B0) is the batch of the run that
   read `noise_scales`: a profile a run at B_max logged is read as it is. The
   play-out assumes the loss falls from the first step: a plateau before the
-  run `has_learnt` keeps a real run on its first rung longer (the study LSTM:
-  120–200 steps at batch 32).
+  run `has_learnt` keeps a real run on its first rung longer (how much longer:
+  docs/results/engine_rules.md, 'The early climb').
 
   Returns:
     {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.

@@ -40,7 +40,7 @@ STEP_PRICE = 1.0
 #: The default α of the growing batch's credit: rung B's noise readings count × (B_max/B)^α
 #: for its gain and its climb (`credited_noise`). A smaller batch's run reads a lower
 #: B_noise at equal progress (it sits where |G|² is larger); 0.2 = log2(1.15), 1.15 per
-#: doubling, the middle of what the growth study read (docs/results/growth_study.md).
+#: doubling (the evidence: docs/results/engine_rules.md, 'The noise credit').
 NOISE_BATCH_EXPONENT = 0.2
 #: What DATE can measure the noise scale of: "gradient", "lars_step" (each leaf's gradient
 #: times its LARS trust ratio), "adam_step" (the gradient in Adam's metric, 1/(√v̂ + ε) per
@@ -322,10 +322,10 @@ class Recipe:
     """What DATE measures: `noise_of`, with "auto" resolved.
 
     "auto" is the optimizer's own step where DATE can measure it: "lars_step"
-    for plain LARS (on the study's ResNet it made fixed-batch DATE take 2–18%
-    fewer steps at 2x–64x, at the baseline's accuracy; docs/results/growth_study.md),
-    "gradient" for every other optimizer, LARC's clipped trust ratios and a
-    clipped gradient.
+    for plain LARS (AdaScale's gain is defined for the step the optimizer takes,
+    Johnson et al. 2020; the evidence: docs/results/engine_rules.md, 'The noise of
+    the step LARS takes'), "gradient" for every other optimizer, LARC's clipped
+    trust ratios and a clipped gradient.
 
     Example:
       >>> r = Recipe(batch_size=256, num_examples=50_000, num_epochs=10, learning_rate=1.0,
