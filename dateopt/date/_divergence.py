@@ -66,6 +66,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dateopt.date._guard import running_weight
 from dateopt.date._noise import corrected_estimates
 
 # The watch's thresholds, as shares of the loss's start and of its gains; what they catch and
@@ -196,7 +197,7 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   loss = jnp.asarray(loss, jnp.float32)
   finite = jnp.isfinite(loss)
   count = state.count + finite.astype(jnp.int32)
-  weight = jnp.maximum(1.0 - LOSS_DECAY, 1.0 / jnp.maximum(count, 1).astype(jnp.float32))
+  weight = running_weight(count, LOSS_DECAY)
   keep = lambda new, old: jnp.where(finite, new, old)
   initial = jnp.where(finite & (state.count == 0), loss, state.initial)
   opening = jnp.minimum(loss, 2.0 * initial)  # one of the first losses, capped
@@ -206,8 +207,8 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   capped = jnp.where(state.count >= FIRST_LOSSES,
                      jnp.minimum(loss, 2.0 * BLOW_UP * state.first), opening)
   ema = keep(state.ema + weight * (capped - state.ema), state.ema)
-  fast_weight = jnp.maximum(1.0 - FAST_DECAY, weight)
-  fast = keep(state.fast + fast_weight * (capped - state.fast), state.fast)
+  fast = keep(state.fast + running_weight(count, FAST_DECAY) * (capped - state.fast),
+              state.fast)
   best = keep(jnp.where(count >= FIRST_LOSSES, jnp.minimum(state.best, ema), state.best),
               state.best)
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it

@@ -70,6 +70,20 @@ class DivergenceGuardState(NamedTuple):
     return self.num_nonfinite + self.num_spikes
 
 
+def running_weight(count: jax.Array, decay: float) -> jax.Array:
+  """The weight of the newest of `count` losses in a running mean at `decay`.
+
+  The first 1/(1 − decay) losses weigh equally (an exact mean, not biased to 0
+  as a plain EMA from 0 is), later ones exponentially (Finch 2009, "Incremental
+  calculation of weighted mean and variance"). The divergence guard's loss
+  statistics and the divergence watch's loss means share it.
+
+    >>> [round(float(running_weight(jnp.int32(n), 0.9)), 2) for n in (1, 2, 5, 20)]
+    [1.0, 0.5, 0.2, 0.1]
+  """
+  return jnp.maximum(1.0 - decay, 1.0 / jnp.maximum(count, 1).astype(jnp.float32))
+
+
 def all_finite(tree: Any) -> jax.Array:
   """Whether every entry of every leaf of `tree` is finite (True for an empty tree)."""
   leaves = jax.tree.leaves(tree)
@@ -263,7 +277,7 @@ def divergence_guard(
     # Exponentially weighted mean and variance; the first 1/(1 - loss_decay)
     # losses get equal weights, so the early estimates are not biased to 0.
     count = state.loss_count + 1
-    weight = jnp.maximum(1.0 - loss_decay, 1.0 / count.astype(jnp.float32))
+    weight = running_weight(count, loss_decay)
     delta = loss - state.loss_mean
     mean = state.loss_mean + weight * delta
     var = (1.0 - weight) * (state.loss_var + weight * delta * delta)
