@@ -8,10 +8,10 @@ B_noise over the baseline's progress that the run logged is played out by
 what the run took. The play-out climbs from the first step (no plateau), so it
 is a frontier of the readings, not a replay of the run (notes/batch_growth.md).
 
-  python scripts/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32
+  python research/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32
   python scripts/price_frontier.py runs/g32 --prices 0.5,0.7,1,1.4
 
-Any trainer workdir of a DATE run will do (`scripts/date_grow_probe.py`'s `--workdir`, or a
+Any trainer workdir of a DATE run will do (`research/date_grow_probe.py`'s `--workdir`, or a
 study's `<outdir>/runs/<cell>`).
 
 The law assumes a batch-free noise scale. `--readings-at` checks that assumption instead:

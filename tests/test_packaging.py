@@ -26,6 +26,16 @@ def test_the_typed_marker_and_the_changelog_are_declared():
   assert f"## [{dateopt.__version__}]" in changelog  # the declared version's entry
 
 
+def test_only_the_package_is_packaged_and_the_scripts_and_research_probes_stay_out():
+  """The wheel takes `dateopt*` only; the sdist prunes scripts/ (tools) and research/ (probes)."""
+  setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+  assert setuptools["packages"]["find"]["include"] == ["dateopt*"]
+  manifest = (REPO / "MANIFEST.in").read_text().splitlines()
+  assert {"prune scripts", "prune research"} <= set(manifest)
+  assert not (REPO / "research" / "__init__.py").exists()
+  assert not (REPO / "scripts" / "__init__.py").exists()
+
+
 @pytest.mark.slow
 def test_the_wheel_ships_py_typed_and_the_sdist_the_changelog(tmp_path):
   source = tmp_path / "source"
@@ -33,6 +43,9 @@ def test_the_wheel_ships_py_typed_and_the_sdist_the_changelog(tmp_path):
                   ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
   for name in BUILD_INPUTS:
     shutil.copy(REPO / name, source / name)
+  for folder in ("scripts", "research"):  # beside the package, as in a clone
+    shutil.copytree(REPO / folder, source / folder,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
   done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
                          str(tmp_path / "dist"), str(source)],
                         capture_output=True, text=True, timeout=300)
@@ -43,7 +56,9 @@ def test_the_wheel_ships_py_typed_and_the_sdist_the_changelog(tmp_path):
   names = zipfile.ZipFile(wheel).namelist()
   assert "dateopt/py.typed" in names
   assert "dateopt/configs/mnist1d_lstm.py" in names
+  assert not [name for name in names if not name.startswith(("dateopt/", "dateopt-"))]
   # The sdist's file list, as setuptools computed it from MANIFEST.in during the build.
   sdist = (source / "dateopt.egg-info" / "SOURCES.txt").read_text().splitlines()
   assert {"CHANGELOG.md", "README.md", "LICENSE", "dateopt/py.typed"} <= set(sdist)
-  assert not [name for name in sdist if name.startswith(("tests/", "docs/", "notes/"))]
+  assert not [name for name in sdist
+              if name.startswith(("tests/", "docs/", "notes/", "scripts/", "research/"))]

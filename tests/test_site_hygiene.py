@@ -126,3 +126,18 @@ def test_the_comment_scan_reads_comments_only(tmp_path):
   assert [line for line, _ in _comments(source)] == [1, 2]
   assert [what for _, text in _comments(source) for what, pattern in FORBIDDEN.items()
           if pattern.search(text)] == ["a link to a notes/ file", "round numbering"]
+
+
+RESEARCH = REPO / "research"
+
+
+def test_the_research_probes_the_pages_cite_exist_and_the_folder_s_readme_lists_each():
+  """research/ holds the one-off probes whose outputs the results pages cite (scripts/ the
+  tools): each probe a page names is there, and research/README.md has a line for each."""
+  cited = {name for page in PAGES
+           for name in re.findall(r"\bresearch/([\w-]+\.py)", page.read_text())}
+  probes = {path.name for path in RESEARCH.glob("*.py")}
+  assert cited and cited <= probes, sorted(cited - probes)
+  listed = set(re.findall(r"`([\w-]+\.py)`", (RESEARCH / "README.md").read_text()))
+  assert probes <= listed, sorted(probes - listed)
+  assert not probes & {path.name for path in (REPO / "scripts").glob("*.py")}

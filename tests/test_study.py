@@ -355,9 +355,10 @@ def test_price_frontier_matches_a_run_s_loss_to_the_baseline_s_progress(tmp_path
   assert table.splitlines()[2].endswith("| 1.800@128 → 200 (0.50x) |")
 
 
-def _load_script(name):
+def _load_script(name, folder="scripts"):
+  """`folder`/`name`.py as a module: scripts/ holds the tools, research/ the one-off probes."""
   import importlib.util  # pylint: disable=g-import-not-at-top
-  path = os.path.join(os.path.dirname(__file__), os.pardir, "scripts", f"{name}.py")
+  path = os.path.join(os.path.dirname(__file__), os.pardir, folder, f"{name}.py")
   spec = importlib.util.spec_from_file_location(name, path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
@@ -370,7 +371,7 @@ def test_critical_batch_measures_both_noise_scales_of_a_known_quadratic():
   B_crit = Σh³c / Σh³d² = 67.5 / 3.765 = 17.93 (d = w − μ); the script's estimates from eight
   batches of 256 groups of 8 land within 10% (4% and 6% off), and a docstring checks H = I
   (the two agree)."""
-  critical = _load_script("critical_batch")
+  critical = _load_script("critical_batch", "research")
   h, c = np.array([4.0, 2.0, 1.0, 0.5]), np.array([1.0, 0.25, 1.0, 4.0])
   mu, w = np.zeros(4), np.array([0.1, 0.5, 1.0, 1.0])
   loss = lambda p, b: 0.5 * jnp.mean(jnp.sum(jnp.asarray(h, jnp.float32) * (p - b["x"]) ** 2, -1))

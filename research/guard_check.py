@@ -7,8 +7,8 @@ multiplier, whether the final parameters are bit-identical, and both eval
 accuracies. Then trains it at 10x the learning rate, with the guard and
 without, and reports whether the run ends finite and its accuracy.
 
-  python scripts/guard_check.py                 # the full 7,500 steps per run
-  python scripts/guard_check.py --steps 500     # a quick look
+  python research/guard_check.py                 # the full 7,500 steps per run
+  python research/guard_check.py --steps 500     # a quick look
 """
 
 from __future__ import annotations

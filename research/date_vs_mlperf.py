@@ -7,7 +7,7 @@ planned/tuned ratios. Momentum is shown as planned by default (unchanged) and
 with Smith et al.'s rule (`momentum_scaling=True`). A report, not a test.
 
 Usage:
-  python scripts/date_vs_mlperf.py
+  python research/date_vs_mlperf.py
 """
 
 from __future__ import annotations

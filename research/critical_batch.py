@@ -8,9 +8,9 @@ This command measures both on the parameters a run saved, from Hessian-vector pr
 in a phase of training (notes/batch_growth.md, the 2026-11-29 section "two other readings of
 the critical batch, measured, neither adopted"):
 
-  python scripts/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32 \
+  python research/date_grow_probe.py configs/study_mnist1d_lstm.py 32 grow 0 --workdir runs/g32 \
       --checkpoint-every-steps 20
-  python scripts/critical_batch.py configs/study_mnist1d_lstm.py runs/g32 --steps 120,200,300
+  python research/critical_batch.py configs/study_mnist1d_lstm.py runs/g32 --steps 120,200,300
 
 Any trainer workdir whose checkpoints were kept will do (`config.checkpoint_every_steps`,
 `config.keep_checkpoints`); the config gives the model and the data.

@@ -10,7 +10,7 @@ join the rendezvous, but only 7 of them arrived on time"; `--abort-demo` shows t
 with the limit at 1 s). `tests/conftest.py` sets PJRT_NPROC=64, which sizes the pool. The
 check:
 
-  python scripts/under_load.py --busy 12 -- .venv/bin/python -m pytest -q tests/test_polish.py
+  python research/under_load.py --busy 12 -- .venv/bin/python -m pytest -q tests/test_polish.py
 
 It starts `--busy` processes that spin, runs the command, stops them, and prints the
 load average seen and the command's exit status (which it exits with).

@@ -2,8 +2,8 @@
 
 The probe behind notes/batch_growth.md's tables of growth rules:
 
-  python scripts/date_grow_probe.py configs/mnist1d_lstm.py 64 grow 0 1 --workdir runs/probe
-  python scripts/date_grow_probe.py configs/study_mnist1d_resnet.py 64 fixed 0
+  python research/date_grow_probe.py configs/mnist1d_lstm.py 64 grow 0 1 --workdir runs/probe
+  python research/date_grow_probe.py configs/study_mnist1d_resnet.py 64 fixed 0
 
 Arguments: config path, k, "grow" or "fixed", seed, and (grown runs) the step price;
 `--noise-batch-exponent 0` reads each rung's noise scale as measured (grown runs; the
@@ -11,7 +11,7 @@ engine's default credits it × (B_max/B)^0.2); `--gain-rule sqrt` scales the LR 
 `--signal-decay 0.99` gives the |G|² EMA tr Σ's 100-step horizon (default: the config's
 0.97); `--noise-of adam_step` measures the noise scale in Adam's metric (`Recipe.noise_of`);
 `--checkpoint-every-steps 20` keeps a checkpoint every 20 steps (for
-`scripts/critical_batch.py`); `--log-every-steps 1` logs every step (the watch's EMAs can
+`research/critical_batch.py`); `--log-every-steps 1` logs every step (the watch's EMAs can
 then be recomputed from the loss).
 """
 

@@ -11,9 +11,9 @@ nearest each progress τ, it reports:
 - the noise scale of all leaves, and the same sums weighted by each trust-ratio leaf's LARS trust
   ratio² (You et al. 2017).
 
-  python scripts/leaf_noise_probe.py configs/study_mnist1d_resnet.py 64 grow 0 \\
+  python research/leaf_noise_probe.py configs/study_mnist1d_resnet.py 64 grow 0 \\
       --workdir runs/leaf_grow64 --taus 1000,2000
-  python scripts/leaf_noise_probe.py configs/study_mnist1d_resnet.py 16 fixed 0 \\
+  python research/leaf_noise_probe.py configs/study_mnist1d_resnet.py 16 fixed 0 \\
       --workdir runs/leaf_fixed16 --taus 1000,2000
 
 A workdir that already holds the run's checkpoints is read again, not retrained.
