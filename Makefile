@@ -37,9 +37,11 @@ data: install
 ## file each at a time (module fixtures are shared within a file): one per core of a 2-core
 ## machine, where one process alone leaves a core idle while it compiles or waits. The
 ## longest files start first (tests/conftest.py, LONGEST_FILES), in collection order.
+## The 25 slowest tests are listed at the end (their seconds keep LONGEST_FILES current).
 TEST_WORKERS ?= 2
 test: data
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=25
 
 ## The edit-loop subset: every test not marked slow (training runs, subprocesses, notebooks).
 test-fast: install

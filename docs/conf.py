@@ -27,7 +27,8 @@ extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
 # The studies' own records live beside the pages; they are data, not pages.
-exclude_patterns = ["_build", "growth_study", "scaling_study", "polish_study", "schedule_study"]
+exclude_patterns = ["_build", "growth_study", "scaling_study", "polish_study", "schedule_study",
+                    "engine_ablation"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["dollarmath"]
 

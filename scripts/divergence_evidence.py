@@ -15,7 +15,11 @@ and 32x seeds 1 and 2; the main job's LSTM with its gradient multiplied by
 and steps, and the watch's counts: divergences (a false alarm, on a healthy
 run), steps walked at gain 1 on a rising loss, skipped gradient jumps, and
 gains the trust rules held. "baselines": the tuned recipes the bar is
-measured from. `--only NAME` runs one of them.
+measured from. `--only NAME` runs one of them. `--rules-off a,b` runs every
+run with those of the engine's rules off (`dateopt.date._progress.ENGINE_RULES`; what the
+ablation `python -m dateopt.study --ablate` measures on the study's cells):
+
+  python scripts/divergence_evidence.py diverged --rules-off relapse --workdir runs/div_off
 """
 
 import argparse
@@ -116,6 +120,8 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
         lambda tx, schedule: (explode_gradient_at(tx, spec.explode_at), schedule)
     )(*build(*a, **k))
   start, row = time.time(), {"run": spec.name}
+  if spec.config.get("engine_rules_off"):
+    row["rules_off"] = spec.config.engine_rules_off
   try:
     result = train.train_and_evaluate(spec.config, workdir)
     row.update(status=0, accuracy=result.eval_metrics["accuracy"], steps=result.steps)
@@ -140,12 +146,16 @@ def main():
   parser.add_argument("--only", default=None)
   parser.add_argument("--multiples", default="2,4,8,16,32,64")
   parser.add_argument("--workloads", default="lstm,resnet")
+  parser.add_argument("--rules-off", default="", metavar="RULES",
+                      help="engine rules switched off in every run (config.engine_rules_off)")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)
   specs = {"diverged": diverged_runs, "baselines": baseline_runs,
            "healthy": lambda: healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
                                            tuple(args.workloads.split(",")))}[args.set]()
   for spec in specs:
+    if args.rules_off and spec.config.strategy == "adaptive":  # a baseline has no engine
+      spec.config.engine_rules_off = args.rules_off
     if args.only is None or spec.name == args.only:
       print(json.dumps(run(spec, os.path.join(args.workdir, spec.name))), flush=True)
 

@@ -334,18 +334,15 @@ def scheduled_batch(make_optimizer: Callable[..., optax.GradientTransformation],
                     ) -> optax.GradientTransformationExtraArgs:
   """The baseline's schedule counted in examples, the batch and LR factor from `schedule`.
 
-  Each step applies lr = base_schedule(τ) · m(B) with τ = examples seen / B0
-  and B the step's batch (`BatchSchedule.lr_multiplier`), then asks for
-  `schedule.batch_at(examples seen)` next. Once τ reaches `base_steps` (the
-  budget: `base_steps` · B0 examples) every update is zero: stop on
-  `progress_done(state, base_steps)`; train each step at
-  `next_batch_size(state)`.
+  Each step applies lr = base_schedule(τ) · m(B), τ = examples seen / B0, B the step's batch
+  (`BatchSchedule.lr_multiplier`), then asks for `schedule.batch_at(examples seen)`. Once τ
+  reaches `base_steps` (the budget) every update is zero: stop on `progress_done(state,
+  base_steps)`; train each step at `next_batch_size(state)`.
 
   Args:
     make_optimizer: `make_optimizer(learning_rate) -> GradientTransformation`.
     base_schedule: the baseline's LR schedule, in baseline steps.
     schedule: the batch schedule (`linear_ramp`, `doubling`, `seesaw`).
-    base_steps: the budget in baseline steps.
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and LR factor
       m(B) (`dateopt.date._adam_scaling.rung_hyperparams`).

@@ -52,37 +52,25 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
-  Families: "sgd", "momentum", "nesterov" (`optax.sgd`, weight decay added to
-  the gradient), "adam" (`optax.adam`, L2 weight decay added to the gradient),
-  "adamw" (`optax.adamw`, decoupled), "lars" (`dateopt.lars`, You et al. 2017)
-  and "lamb" (`dateopt.lamb`, You et al. 2019). `recipe.mask` selects the
-  parameters that get weight decay (and the trust ratio for lars and lamb);
-  `recipe.grad_clip_norm` prepends a global-norm clip;
-  `recipe.optimizer_options` are passed to the family's factory.
+  Families: "sgd", "momentum", "nesterov" (`optax.sgd`), "adam" (`optax.adam`; their weight
+  decay is added to the gradient), "adamw" (`optax.adamw`, decoupled), "lars" (`dateopt.lars`,
+  You et al. 2017) and "lamb" (`dateopt.lamb`, You et al. 2019). `recipe.mask` selects the
+  parameters that get weight decay (and the trust ratio); `recipe.grad_clip_norm` prepends a
+  global-norm clip; `recipe.optimizer_options` go to the family's factory.
 
-  A static recipe's optimizer is `optax.inject_hyperparams` of the family
-  with the schedule as its learning rate, so the LR each step applied is in
-  the state (`optax.tree.get(state, "learning_rate")`). An adaptive recipe's
-  is `dateopt.date.adaptive` over the same family: it takes the step's
-  `GradientSqNorms` as `update(..., grad_sq_norms=...)`.
+  A static recipe's optimizer is `optax.inject_hyperparams` of the family with the schedule
+  as its learning rate (the LR applied is `optax.tree.get(state, "learning_rate")`); an
+  adaptive recipe's is `dateopt.date.adaptive` over the same family.
 
   Args:
     recipe: the training recipe.
-    noise_decay: adaptive recipes: the noise-scale EMA decay per measurement
-      (`dateopt.date.adaptive`); measuring 1 step in N, pass 0.99**N to keep
-      the same horizon in steps.
-    signal_decay: adaptive recipes: the |G|² EMA's own decay per measurement
-      (`dateopt.date.adaptive`; default `SIGNAL_DECAY`); None: `noise_decay`.
-    batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when
-      the devices need other rungs than `batch_ladder(base, max)` (the
-      trainer passes its batch layout's). Ignored for a fixed batch.
-    divergence_patience: adaptive recipes: diverged steps in all before the
-      engine gives up (`dateopt.date._divergence`); None: no divergence watch.
+    noise_decay, signal_decay, divergence_patience, rules_off: adaptive recipes: as in
+      `dateopt.date.adaptive` (measuring 1 step in N, pass 0.99**N to keep the horizon).
+    batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when the devices
+      need other rungs than `batch_ladder(base, max)`. Ignored for a fixed batch.
     batch_schedule: a recipe with a field `batch_schedule`: its schedule as the
       devices round it (`batch_schedule_of(recipe, multiple_of=...)`); None:
       `batch_schedule_of(recipe)`.
-    rules_off: adaptive recipes: engine rules switched off, to measure what each buys
-      (`dateopt.date._progress.ENGINE_RULES`); default none.
 
   Returns:
     `(tx, schedule)`: the optax optimizer, and the schedule it follows (for
@@ -103,21 +91,26 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
     tx = scheduled_batch(make, schedule, given, base_steps=recipe.total_steps,
                          rung_hyperparams=rung_hyperparams)
   elif recipe.adaptive:
-    ladder = None
-    if recipe.grow_batch:
-      given = batch_sizes is not None and len(batch_sizes) > 0  # a numpy array too
-      ladder = batch_sizes if given else batch_ladder(recipe.base_batch_size, recipe.batch_size)
     tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
                   batch_size=recipe.batch_size, base_steps=recipe.total_steps,
                   warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
-                  noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=ladder,
-                  step_price=recipe.step_price,
+                  noise_decay=noise_decay, signal_decay=signal_decay,
+                  batch_sizes=_ladder(recipe, batch_sizes), step_price=recipe.step_price,
                   noise_batch_exponent=recipe.noise_batch_exponent,
                   divergence_patience=divergence_patience, rung_hyperparams=rung_hyperparams,
                   rules_off=rules_off)
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule
+
+
+def _ladder(recipe: Recipe, batch_sizes: Sequence[int] | None) -> Sequence[int] | None:
+  """A growing recipe's rungs: `batch_sizes` where given, else `batch_ladder`; None for a
+  fixed batch."""
+  if not recipe.grow_batch:
+    return None
+  given = batch_sizes is not None and len(batch_sizes) > 0  # a numpy array too
+  return batch_sizes if given else batch_ladder(recipe.base_batch_size, recipe.batch_size)
 
 
 def _rung_hyperparams(recipe: Recipe):

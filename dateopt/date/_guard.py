@@ -4,7 +4,32 @@ The guard must never touch a healthy run, so a loss spike is measured in units
 of the loss's own noise (a running mean and standard deviation of the accepted
 losses), not as a fixed factor over the mean: a batch-32 loss late in training
 is routinely several times its running mean (heavy-tailed cross-entropy),
-which a fixed factor reads as divergence.
+which a fixed factor reads as divergence. `divergence_guard`'s rules:
+
+* A step whose gradient, inner update or loss is non-finite is skipped (zero
+  update, inner state kept) and backs the LR multiplier off.
+* A loss is a spike when it is more than `spike_threshold` standard deviations
+  AND more than `spike_min_excess` x |mean| above the reference level: the
+  lowest running mean of the accepted losses, with the running standard
+  deviation at that point (`running_weight`), once `min_steps` losses are in
+  the statistics. Measuring from the lowest level, not the current one, keeps a
+  steady divergence from hiding in statistics that follow it up.
+* A single spike is accepted, and left out of the statistics: the loss is
+  measured before the step, so one high batch says nothing about the
+  parameters, and healthy runs have such batches. A spike that persists for
+  `patience` steps in a row is the parameters' fault: that step is skipped, the
+  LR multiplier backs off, and the statistics re-base on the new level (its
+  mean is the current loss, its spread keeps its size relative to the mean), so
+  training goes on and a divergence that keeps growing is caught again.
+* Each back-off multiplies the LR multiplier by `backoff` (floored at
+  `min_multiplier`); each accepted step multiplies it by
+  backoff^(-1/recovery_steps), up to 1, so one back-off is undone after
+  `recovery_steps` accepted steps. At multiplier 1 the update is the inner one
+  as it is, so a healthy run trains exactly as without the guard.
+
+Skipping loss spikes and lowering the LR is how PaLM (Chowdhery et al., 2022,
+arXiv:2204.02311, section 5.1) and OPT (Zhang et al., 2022, arXiv:2205.01068)
+got through divergences in large-batch training.
 """
 
 from __future__ import annotations
@@ -145,65 +170,25 @@ def divergence_guard(
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner`: skips diverging steps and scales the LR down, then back up.
 
-  The loss comes through optax's extra-arguments convention:
-  `update(grads, state, params, value=loss)`, also inside `optax.chain`; other
-  extra arguments go through to `inner`. Without `value=` only non-finite
-  steps are caught.
-
-  * A step whose gradient, inner update or loss is non-finite is skipped (zero
-    update, inner state kept) and backs the LR multiplier off.
-  * A loss is a spike when it is more than `spike_threshold` standard
-    deviations AND more than `spike_min_excess` x |mean| above the reference
-    level: the lowest running mean of the accepted losses, with the running
-    standard deviation at that point (exponentially weighted with decay
-    `loss_decay`; Finch 2009, "Incremental calculation of weighted mean and
-    variance"), once `min_steps` losses are in the statistics.
-    Measuring from the lowest level, not the current one, keeps a steady
-    divergence from hiding in statistics that follow it up.
-  * A single spike is accepted, and left out of the statistics: the loss is
-    measured before the step, so one high batch says nothing about the
-    parameters, and healthy runs have such batches (heavy-tailed per-batch
-    losses). A spike that persists for `patience` steps in a row is the
-    parameters' fault: that step is skipped, the LR multiplier backs off, and
-    the statistics re-base on the new level (its mean is the current loss,
-    its spread keeps its size relative to the mean), so training goes on and
-    a divergence that keeps growing is caught again.
-
-  Each back-off multiplies the LR multiplier by `backoff` (floored at
-  `min_multiplier`); each accepted step multiplies it by
-  backoff^(-1/recovery_steps), up to 1, so one back-off is undone after
-  `recovery_steps` accepted steps. Accepted updates are the inner ones times
-  the multiplier (for SGD-like optimizers, a scaled learning rate). At
-  multiplier 1 the update is the inner one as it is, so a healthy run trains
-  exactly as without the guard.
-
-  The defaults are far from the loss noise of healthy runs: the threshold is
-  3x the worst z-score of 3 consecutive steps of healthy runs with the guard
-  off (see the comment above `_DEFAULT_SPIKE_THRESHOLD`; the evidence:
-  docs/results/guard.md). Skipping loss spikes and lowering the LR is
-  how PaLM (Chowdhery et al., 2022, arXiv:2204.02311, section 5.1) and OPT
-  (Zhang et al., 2022, arXiv:2205.01068) got through divergences in
-  large-batch training.
+  The loss comes as `update(grads, state, params, value=loss)` (optax's extra arguments, also
+  inside `optax.chain`); without it only non-finite steps are caught. The rules (a spike, a
+  back-off, the recovery) are the module's docstring's.
 
   Args:
     inner: the optimizer to guard.
-    spike_threshold: a spike is more than this many reference standard
-      deviations above the reference mean, > 0.
-    spike_min_excess: ... and more than this fraction of |reference mean|
-      above it, >= 0.
+    spike_threshold: a spike is more than this many reference standard deviations above the
+      reference mean, > 0; spike_min_excess: ... and more than this share of it, >= 0.
     patience: spikes in a row that back the LR off, >= 1.
-    loss_decay: decay of the running mean and variance, in (0, 1); the first
-      1/(1 - loss_decay) losses are weighted equally.
+    loss_decay: the running statistics' decay, in (0, 1) (`running_weight`).
     min_steps: losses in the statistics before spikes are detected, >= 2.
-    backoff: factor applied to the LR multiplier at each back-off, in (0, 1).
+    backoff: each back-off's factor on the LR multiplier, in (0, 1).
     recovery_steps: accepted steps that undo one back-off, >= 1.
     min_multiplier: floor of the LR multiplier, in (0, 1].
 
   Raises:
-    TypeError: `inner` is not an optax transformation, or an argument is not
-      a number (not an int, for `patience`, `min_steps`, `recovery_steps`).
-    ValueError: an argument is outside its range; at trace time, a `value=`
-      that is not a scalar.
+    TypeError: `inner` is not an optax transformation, or an argument is not a number (an
+      int, for `patience`, `min_steps`, `recovery_steps`).
+    ValueError: an argument is outside its range; at trace time, a non-scalar `value=`.
 
   Example:
     >>> tx = divergence_guard(optax.sgd(0.5), min_steps=4, patience=2)
@@ -221,89 +206,119 @@ def divergence_guard(
     >>> updates["w"].tolist(), int(state.num_nonfinite), float(state.lr_multiplier)
     ([0.0, 0.0], 1, 0.25)
   """
-  _check_guard_arguments(inner, spike_threshold=spike_threshold,
-                         spike_min_excess=spike_min_excess, patience=patience,
-                         loss_decay=loss_decay, min_steps=min_steps, backoff=backoff,
-                         recovery_steps=recovery_steps, min_multiplier=min_multiplier)
+  settings = _GuardSettings(spike_threshold, spike_min_excess, patience, loss_decay, min_steps,
+                            backoff, recovery_steps, min_multiplier)
+  _check_guard_arguments(inner, **settings._asdict())
   inner = optax.with_extra_args_support(inner)
-  growth = backoff ** (-1.0 / recovery_steps)
+  return optax.GradientTransformationExtraArgs(
+      lambda params: _guard_init(inner, params),
+      lambda updates, state, params=None, *, value=None, **extra_args: _guard_update(
+          inner, settings, updates, state, params, value, extra_args))
 
-  def init_fn(params):
-    zero, zero_f = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
-    return DivergenceGuardState(
-        inner_state=inner.init(params), lr_multiplier=jnp.ones((), jnp.float32),
-        loss_mean=zero_f, loss_var=zero_f, loss_count=zero, ref_mean=zero_f, ref_var=zero_f,
-        num_accepted=zero, consecutive_spikes=zero, num_nonfinite=zero, num_spikes=zero)
 
-  def update_fn(updates, state, params=None, *, value=None, **extra_args):
-    if value is not None:
-      check_scalar("divergence_guard: value=", value, what="the scalar loss")
-    # `lr_multiplier=`: the share of its LR the step gets, for `date.adaptive`'s progress.
-    new_updates, new_inner = inner.update(updates, state.inner_state, params, value=value,
-                                          lr_multiplier=state.lr_multiplier, **extra_args)
-    finite = all_finite(updates) & all_finite(new_updates)
-    loss = state.loss_mean if value is None else jnp.asarray(value, jnp.float32)
-    if value is None:  # static: no loss, no spike test, no statistics
-      spike = jnp.array(False)
-    else:
-      finite &= jnp.isfinite(loss)
-      excess = loss - state.ref_mean
-      spike = (finite & (state.loss_count >= min_steps)
-               & (excess > spike_threshold * jnp.sqrt(state.ref_var))
-               & (excess > spike_min_excess * jnp.abs(state.ref_mean)))
-    # Non-finite steps keep the streak: the parameters have not moved either.
-    streak = jnp.where(spike, state.consecutive_spikes + 1,
-                       jnp.where(finite, 0, state.consecutive_spikes))
-    persistent = spike & (streak >= patience)
-    accept = finite & ~persistent
+class _GuardSettings(NamedTuple):
+  """`divergence_guard`'s arguments, as one value."""
+  spike_threshold: float
+  spike_min_excess: float
+  patience: int
+  loss_decay: float
+  min_steps: int
+  backoff: float
+  recovery_steps: int
+  min_multiplier: float
 
-    multiplier = state.lr_multiplier
-    # At multiplier 1 the inner update is selected as it is, not multiplied by
-    # 1.0: XLA then compiles the inner optimizer as it does without the guard,
-    # and a healthy run's parameters stay bit-identical (a multiply, even by
-    # 1.0, changes its fusion and the rounding of the last bits). Measured with
-    # schedules and `inject_hyperparams` (all of `date.build`); with a constant
-    # Python-float LR, XLA:CPU fuses the unguarded update into a multiply-add
-    # with `apply_updates`, and the last bits can differ.
-    out = jax.tree.map(
-        lambda u: jnp.where(
-            accept, jnp.where(multiplier == 1.0, u, (u * multiplier).astype(u.dtype)),
-            jnp.zeros_like(u)),
-        new_updates)
-    next_multiplier = jnp.where(
-        accept, jnp.minimum(multiplier * growth, 1.0),
-        jnp.maximum(multiplier * backoff, min_multiplier))
 
-    # Exponentially weighted mean and variance; the first 1/(1 - loss_decay)
-    # losses get equal weights, so the early estimates are not biased to 0.
-    count = state.loss_count + 1
-    weight = running_weight(count, loss_decay)
-    delta = loss - state.loss_mean
-    mean = state.loss_mean + weight * delta
-    var = (1.0 - weight) * (state.loss_var + weight * delta * delta)
-    new_ref = (count <= min_steps) | (mean < state.ref_mean)
-    ref_mean = jnp.where(new_ref, mean, state.ref_mean)
-    ref_var = jnp.where(new_ref, var, state.ref_var)
-    # A persistent spike re-bases on the current loss; the spread keeps its
-    # size relative to the mean.
-    rebased_var = state.ref_var * jnp.square(loss / jnp.maximum(jnp.abs(state.ref_mean), 1e-30))
-    averaged = accept & ~spike & (value is not None)  # spikes stay out of the statistics
-    keep = lambda new, rebased, old: jnp.where(averaged, new,
-                                               jnp.where(persistent, rebased, old))
-    as_int = lambda b: b.astype(jnp.int32)
-    new_state = DivergenceGuardState(
-        inner_state=_select(accept, new_inner, state.inner_state),
-        lr_multiplier=next_multiplier,
-        loss_mean=keep(mean, loss, state.loss_mean),
-        loss_var=keep(var, rebased_var, state.loss_var),
-        loss_count=state.loss_count + as_int(averaged),
-        ref_mean=keep(ref_mean, loss, state.ref_mean),
-        ref_var=keep(ref_var, rebased_var, state.ref_var),
-        num_accepted=state.num_accepted + as_int(accept),
-        consecutive_spikes=jnp.where(persistent, 0, streak),
-        num_nonfinite=state.num_nonfinite + as_int(~finite),
-        num_spikes=state.num_spikes + as_int(persistent),
-    )
-    return out, new_state
+def _guard_init(inner: optax.GradientTransformationExtraArgs, params) -> DivergenceGuardState:
+  zero, zero_f = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
+  return DivergenceGuardState(
+      inner_state=inner.init(params), lr_multiplier=jnp.ones((), jnp.float32),
+      loss_mean=zero_f, loss_var=zero_f, loss_count=zero, ref_mean=zero_f, ref_var=zero_f,
+      num_accepted=zero, consecutive_spikes=zero, num_nonfinite=zero, num_spikes=zero)
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+def _guard_update(inner, settings: _GuardSettings, updates, state: DivergenceGuardState,
+                  params, value, extra_args):
+  """One guarded step: the inner update, accepted (times the LR multiplier) or skipped."""
+  if value is not None:
+    check_scalar("divergence_guard: value=", value, what="the scalar loss")
+  # `lr_multiplier=`: the share of its LR the step gets, for `date.adaptive`'s progress.
+  new_updates, new_inner = inner.update(updates, state.inner_state, params, value=value,
+                                        lr_multiplier=state.lr_multiplier, **extra_args)
+  finite = all_finite(updates) & all_finite(new_updates)
+  loss = state.loss_mean if value is None else jnp.asarray(value, jnp.float32)
+  if value is None:  # static: no loss, no spike test, no statistics
+    spike = jnp.array(False)
+  else:
+    finite &= jnp.isfinite(loss)
+    spike = finite & _is_spike(state, loss, settings)
+  # Non-finite steps keep the streak: the parameters have not moved either.
+  streak = jnp.where(spike, state.consecutive_spikes + 1,
+                     jnp.where(finite, 0, state.consecutive_spikes))
+  persistent = spike & (streak >= settings.patience)
+  accept = finite & ~persistent
+  averaged = accept & ~spike & (value is not None)  # spikes stay out of the statistics
+  as_int = lambda b: b.astype(jnp.int32)
+  statistics = _loss_statistics(state, loss, settings, averaged=averaged, rebase=persistent)
+  return _scaled(new_updates, accept, state.lr_multiplier), state._replace(
+      inner_state=_select(accept, new_inner, state.inner_state),
+      lr_multiplier=_next_multiplier(state.lr_multiplier, accept, settings),
+      **statistics, loss_count=state.loss_count + as_int(averaged),
+      num_accepted=state.num_accepted + as_int(accept),
+      consecutive_spikes=jnp.where(persistent, 0, streak),
+      num_nonfinite=state.num_nonfinite + as_int(~finite),
+      num_spikes=state.num_spikes + as_int(persistent))
+
+
+def _is_spike(state: DivergenceGuardState, loss, settings: _GuardSettings) -> jax.Array:
+  """A loss more than the threshold's deviations and the minimal excess above the reference,
+  once the statistics hold `min_steps` losses."""
+  excess = loss - state.ref_mean
+  return ((state.loss_count >= settings.min_steps)
+          & (excess > settings.spike_threshold * jnp.sqrt(state.ref_var))
+          & (excess > settings.spike_min_excess * jnp.abs(state.ref_mean)))
+
+
+def _scaled(new_updates, accept, multiplier):
+  """The accepted updates times the multiplier; zeros for a skipped step.
+
+  At multiplier 1 the inner update is selected as it is, not multiplied by 1.0: XLA then
+  compiles the inner optimizer as it does without the guard, and a healthy run's parameters
+  stay bit-identical (a multiply, even by 1.0, changes its fusion and the rounding of the last
+  bits). Measured with schedules and `inject_hyperparams` (all of `date.build`); with a
+  constant Python-float LR, XLA:CPU fuses the unguarded update into a multiply-add with
+  `apply_updates`, and the last bits can differ.
+  """
+  return jax.tree.map(
+      lambda u: jnp.where(
+          accept, jnp.where(multiplier == 1.0, u, (u * multiplier).astype(u.dtype)),
+          jnp.zeros_like(u)),
+      new_updates)
+
+
+def _next_multiplier(multiplier, accept, settings: _GuardSettings):
+  """Up by backoff^(-1/recovery_steps) (to 1) after an accepted step, × backoff (to the
+  floor) after a skipped one."""
+  growth = settings.backoff ** (-1.0 / settings.recovery_steps)
+  return jnp.where(accept, jnp.minimum(multiplier * growth, 1.0),
+                   jnp.maximum(multiplier * settings.backoff, settings.min_multiplier))
+
+
+def _loss_statistics(state: DivergenceGuardState, loss, settings: _GuardSettings, *,
+                     averaged, rebase) -> dict[str, jax.Array]:
+  """The running mean and variance and the reference level after the step: `averaged` takes
+  the loss in (`running_weight`), `rebase` (a persistent spike) re-bases on it, the spread
+  keeping its size relative to the mean; else they stay."""
+  count = state.loss_count + 1
+  weight = running_weight(count, settings.loss_decay)
+  delta = loss - state.loss_mean
+  mean = state.loss_mean + weight * delta
+  var = (1.0 - weight) * (state.loss_var + weight * delta * delta)
+  new_ref = (count <= settings.min_steps) | (mean < state.ref_mean)
+  ref_mean = jnp.where(new_ref, mean, state.ref_mean)
+  ref_var = jnp.where(new_ref, var, state.ref_var)
+  rebased_var = state.ref_var * jnp.square(loss / jnp.maximum(jnp.abs(state.ref_mean), 1e-30))
+  keep = lambda new, rebased, old: jnp.where(averaged, new, jnp.where(rebase, rebased, old))
+  return {"loss_mean": keep(mean, loss, state.loss_mean),
+          "loss_var": keep(var, rebased_var, state.loss_var),
+          "ref_mean": keep(ref_mean, loss, state.ref_mean),
+          "ref_var": keep(ref_var, rebased_var, state.ref_var)}

@@ -512,6 +512,9 @@ def adaptive(
   inner, set_step = injected(make_optimizer, rung_hyperparams)
   off, noise_batch_exponent, signal_decay = _with_rules_off(rules_off, noise_batch_exponent,
                                                             signal_decay)
+  engine = _Engine(base_schedule, base_batch_size, batch_size, base_steps, warmup_steps,
+                   gain_rule, noise_decay, signal_decay, ladder, step_price,
+                   noise_batch_exponent, growth_interval, divergence_patience, off)
 
   def init_fn(params):
     first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
@@ -522,84 +525,133 @@ def adaptive(
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 value=None, lr_multiplier=None, **extra_args):
-    _check_update(grad_sq_norms, value, measures=batch_size > base_batch_size)
-    watch = state.watch
-    watching = value is not None and divergence_patience is not None  # static
-    if watching:
-      watch = update_watch(watch, value, step=state.count, patience=divergence_patience,
-                           progress_fraction=state.progress / base_steps, rules_off=off)
-    healthy = watch.diverged_steps == 0
-    # A rising loss: the gradient's noise is the run's own.
-    steady = healthy if "rising_hold" in off else healthy & ~loss_rising(watch)
-    # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
-    # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
-    finite = all_finite(updates)
-    noise, jump = _measure(state.noise, grad_sq_norms, steady & finite, noise_decay=noise_decay,
-                           signal_decay=signal_decay, rules_off=off,
-                           watched=divergence_patience is not None)
-    skip = jump | ~finite
-    step_batch, read = batch_size, noise
-    if ladder:  # the batch this step had: the norms say it, else the one asked for
-      step_batch = state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
-      read = credited_noise(noise, step_batch, max_batch_size=ladder[-1],
-                            exponent=noise_batch_exponent)
-    measured = gain_from_estimates(read, base_batch_size, step_batch)
-    trusted = (noise.grad_sq_ema > 0) & healthy
-    gain = _settled_gain(measured, state, trusted, step_batch, off, healthy)
-    gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
-    learnt = has_learnt(watch) if watching else None  # static: only the watch knows
-    cap = state.gain_cap
-    if watching:  # static: the watch's rules on the gain
-      gain, cap = _watched_gain(gain, state, watch, learnt, off, steady=steady, healthy=healthy,
-                                step_batch=step_batch, base_batch_size=base_batch_size)
-    ramp = _legw_ramp(state.count, warmup_steps)
-    lr = ramp * _gain_multiplier(gain, gain_rule) * base_schedule(
-        jnp.maximum(state.progress, float(warmup_steps)))
-    # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
-    lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
-    # Progress credits the share of the LR the step applied, and nothing while diverged.
-    applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
-
-    def step():
-      # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
-      # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
-      credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
-      progress = state.progress + ramp * credited
-      inner_state = set_step(state.inner_state, lr, k=step_batch / base_batch_size,
-                             lr_factor=_gain_multiplier(gain, gain_rule))
-      new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
-      count = state.count + 1
-      next_batch = state.batch_size
-      if ladder:
-        # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-        may_climb = (steady & _may_climb(watch, off) & jnp.isinf(cap)) if watching else steady
-        next_batch = jnp.where(may_climb,
-                               _climb(state.batch_size, count, read, ladder, warmup_steps,
-                                      step_price, growth_interval),
-                               state.batch_size)
-        # Before the run has learnt, the early rungs, from the start, read as measured: the
-        # credit is the batch trend of runs that learn (a plateau's readings are not resolved).
-        if watching and "early_climb" not in off:  # static
-          next_batch = _early_climb(next_batch, state.batch_size, count, noise, ladder,
-                                    steady & ~learnt, step_price, growth_interval)
-      held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
-      stepped = new_updates, AdaptiveState(
-          new_inner, progress, count, noise, next_batch, gain,
-          jnp.asarray(step_batch, jnp.int32),
-          watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap)
-      # An update the optimizer made non-finite (an infinite LR, 0/0) is skipped as well.
-      return jax.tree.map(lambda new, old: jnp.where(all_finite(new_updates), new, old),
-                          stepped, idle(jnp.array(True)))
-
-    def idle(skipped):  # the schedule is covered, the run gave up, or the step was skipped
-      counted = (watch if divergence_patience is None  # static: no watch, no count
-                 else count_gradient_jump(watch, skipped, patience=divergence_patience))
-      return jax.tree.map(jnp.zeros_like, updates), state._replace(noise=noise, watch=counted)
-
-    return jax.lax.cond((state.progress >= base_steps) | watch.gave_up | skip,
-                        lambda: idle(skip), step)
+    return _engine_update(engine, inner, set_step, updates, state, params, extra_args,
+                          grad_sq_norms=grad_sq_norms, value=value, lr_multiplier=lr_multiplier)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class _Engine(NamedTuple):
+  """`adaptive`'s arguments, checked (the ladder a tuple or None, `off` the rules off)."""
+  base_schedule: optax.Schedule
+  base_batch_size: int
+  batch_size: int
+  base_steps: int
+  warmup_steps: int
+  gain_rule: str
+  noise_decay: float
+  signal_decay: float | None
+  ladder: tuple[int, ...] | None
+  step_price: float
+  noise_batch_exponent: float
+  growth_interval: int
+  divergence_patience: int | None
+  off: frozenset[str]
+
+
+def _engine_update(engine: _Engine, inner, set_step, updates, state: AdaptiveState, params,
+                   extra_args, *, grad_sq_norms, value, lr_multiplier):
+  """One step of `adaptive`: the watch and the noise readings, then the gain, the LR, the
+  credit and the next batch; a step taken, or an idle one (a zero update)."""
+  _check_update(grad_sq_norms, value, measures=engine.batch_size > engine.base_batch_size)
+  watching = value is not None and engine.divergence_patience is not None  # static
+  watch = state.watch
+  if watching:
+    watch = update_watch(watch, value, step=state.count, patience=engine.divergence_patience,
+                         progress_fraction=state.progress / engine.base_steps,
+                         rules_off=engine.off)
+  healthy = watch.diverged_steps == 0
+  # A rising loss: the gradient's noise is the run's own.
+  steady = healthy if "rising_hold" in engine.off else healthy & ~loss_rising(watch)
+  # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
+  # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
+  finite = all_finite(updates)
+  noise, jump = _measure(state.noise, grad_sq_norms, steady & finite,
+                         noise_decay=engine.noise_decay, signal_decay=engine.signal_decay,
+                         rules_off=engine.off, watched=engine.divergence_patience is not None)
+  skip = jump | ~finite
+  step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
+  measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
+  learnt = has_learnt(watch) if watching else None  # static: only the watch knows
+  gain, cap = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
+                         steady=steady, healthy=healthy, watching=watching)
+  ramp = _legw_ramp(state.count, engine.warmup_steps)
+  lr = ramp * _gain_multiplier(gain, engine.gain_rule) * engine.base_schedule(
+      jnp.maximum(state.progress, float(engine.warmup_steps)))
+  # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
+  lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
+  # Progress credits the share of the LR the step applied, and nothing while diverged.
+  applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
+
+  def step():
+    # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
+    # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
+    credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
+    inner_state = set_step(state.inner_state, lr, k=step_batch / engine.base_batch_size,
+                           lr_factor=_gain_multiplier(gain, engine.gain_rule))
+    new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
+    count = state.count + 1
+    next_batch = _next_batch(engine, state, watch, count, noise, read, cap, learnt,
+                             steady=steady, watching=watching)
+    held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
+    stepped = new_updates, AdaptiveState(
+        new_inner, state.progress + ramp * credited, count, noise, next_batch, gain,
+        jnp.asarray(step_batch, jnp.int32),
+        watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap)
+    # An update the optimizer made non-finite (an infinite LR, 0/0) is skipped as well.
+    return jax.tree.map(lambda new, old: jnp.where(all_finite(new_updates), new, old),
+                        stepped, idle(jnp.array(True)))
+
+  def idle(skipped):  # the schedule is covered, the run gave up, or the step was skipped
+    counted = (watch if engine.divergence_patience is None  # static: no watch, no count
+               else count_gradient_jump(watch, skipped, patience=engine.divergence_patience))
+    return jax.tree.map(jnp.zeros_like, updates), state._replace(noise=noise, watch=counted)
+
+  return jax.lax.cond((state.progress >= engine.base_steps) | watch.gave_up | skip,
+                      lambda: idle(skip), step)
+
+
+def _step_reading(engine: _Engine, state: AdaptiveState, noise, grad_sq_norms):
+  """The batch this step had (the norms say it, else the one asked for) and the noise
+  reading its gain and climb use (`credited_noise` on a ladder)."""
+  if not engine.ladder:
+    return engine.batch_size, noise
+  step_batch = state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
+  return step_batch, credited_noise(noise, step_batch, max_batch_size=engine.ladder[-1],
+                                    exponent=engine.noise_batch_exponent)
+
+
+def _step_gain(engine: _Engine, state: AdaptiveState, watch, noise, measured, step_batch,
+               learnt, *, steady, healthy, watching):
+  """The gain the step applies and the bump's ceiling after it: the measured gain, settled
+  (`_settled_gain`), 1 on a rising loss, then the watch's rules (`_watched_gain`)."""
+  trusted = (noise.grad_sq_ema > 0) & healthy
+  gain = _settled_gain(measured, state, trusted, step_batch, engine.off, healthy)
+  gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
+  if not watching:  # static: the watch's rules on the gain need the loss
+    return gain, state.gain_cap
+  return _watched_gain(gain, state, watch, learnt, engine.off, steady=steady, healthy=healthy,
+                       step_batch=step_batch, base_batch_size=engine.base_batch_size)
+
+
+def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read, cap, learnt,
+                *, steady, watching):
+  """The batch asked for at the next step: the same on a fixed batch; on a ladder, the
+  growth rule's (`_climb`) on a steady run, and the early climb before the run has learnt."""
+  if not engine.ladder:
+    return state.batch_size
+  # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
+  may_climb = (steady & _may_climb(watch, engine.off) & jnp.isinf(cap)) if watching else steady
+  next_batch = jnp.where(may_climb,
+                         _climb(state.batch_size, count, read, engine.ladder,
+                                engine.warmup_steps, engine.step_price, engine.growth_interval),
+                         state.batch_size)
+  # Before the run has learnt, the early rungs, from the start, read as measured: the credit
+  # is the batch trend of runs that learn (a plateau's readings are not resolved).
+  if watching and "early_climb" not in engine.off:  # static
+    next_batch = _early_climb(next_batch, state.batch_size, count, noise, engine.ladder,
+                              steady & ~learnt, engine.step_price, engine.growth_interval)
+  return next_batch
 
 
 def _with_rules_off(rules_off, noise_batch_exponent, signal_decay):
@@ -772,13 +824,11 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   what the baseline logged). The gain and the climb read it × (B_max/B0)^α
   (α = `noise_batch_exponent`): a run at batch B reads the baseline's noise
   × (B/B0)^α, the batch trend `credited_noise` credits, so at every rung the
-  credited reading is the largest batch's (how close it comes: docs/results/engine_rules.md,
-  'The noise credit'). A one-rung
-  ladder is a fixed batch. `read_at_batch_size` (default B0) is the batch of the run that
-  read `noise_scales`: a profile a run at B_max logged is read as it is. The
-  play-out assumes the loss falls from the first step: a plateau before the
-  run `has_learnt` keeps a real run on its first rung longer (how much longer:
-  docs/results/engine_rules.md, 'The early climb').
+  credited reading is the largest batch's (docs/results/engine_rules.md, 'The noise
+  credit'). A one-rung ladder is a fixed batch. `read_at_batch_size` (default B0) is the
+  batch of the run that read `noise_scales`. The play-out assumes the loss falls from the
+  first step: a plateau before the run `has_learnt` keeps a real run on its first rung
+  longer (docs/results/engine_rules.md, 'The early climb').
 
   Returns:
     {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.
@@ -793,16 +843,8 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     ...                  base_steps=5500)["steps"]
     844
   """
-  profile = [noise_scales] if isinstance(noise_scales, (int, float)) else list(noise_scales)
-  if not profile:
-    raise ValueError("noise_scales must be a number or a non-empty sequence of numbers.")
-  for value in profile:
-    check_range("noise_scales", value, low=0.0, finite=False)
-  rungs = tuple(batch_sizes)  # a numpy array too: its truth value is ambiguous
-  ladder = _check_ladder(rungs, base_batch_size, rungs[-1] if rungs else 0)
-  as_int("base_steps", base_steps, low=1)
-  check_range("warmup_steps", warmup_steps, low=0)
-  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
+  profile, ladder = _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps,
+                                         warmup_steps, noise_batch_exponent)
   read_at = base_batch_size if read_at_batch_size is None else read_at_batch_size
   check_range("read_at_batch_size", read_at, low=1)
   read_at_largest = batch_credit(read_at, ladder[-1], noise_batch_exponent)
@@ -825,3 +867,19 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   return {"steps": steps, "examples": examples,
           "examples_vs_baseline": examples / (base_steps * base_batch_size),
           "largest_batch_size": ladder[rung]}
+
+
+def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps, warmup_steps,
+                         noise_batch_exponent) -> tuple[list[float], tuple[int, ...]]:
+  """`predicted_budget`'s profile (a list of B_noise >= 0) and ladder, checked."""
+  profile = [noise_scales] if isinstance(noise_scales, (int, float)) else list(noise_scales)
+  if not profile:
+    raise ValueError("noise_scales must be a number or a non-empty sequence of numbers.")
+  for value in profile:
+    check_range("noise_scales", value, low=0.0, finite=False)
+  rungs = tuple(batch_sizes)  # a numpy array too: its truth value is ambiguous
+  ladder = _check_ladder(rungs, base_batch_size, rungs[-1] if rungs else 0)
+  as_int("base_steps", base_steps, low=1)
+  check_range("warmup_steps", warmup_steps, low=0)
+  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
+  return profile, ladder
