@@ -1,4 +1,5 @@
-"""The console scripts, `dateopt-train` and `dateopt-tpu`: each checks its extra first.
+"""The console scripts, `dateopt-train`, `dateopt-replay` and `dateopt-tpu`: each checks its
+extra first.
 
 A pip user without the `train` extra gets one line naming it, with status 2, rather
 than a traceback from the first missing import.
@@ -19,3 +20,13 @@ def train() -> int:
     return 2
   from dateopt import cli  # pylint: disable=g-import-not-at-top  (needs the train extra)
   return cli.main()
+
+
+def replay() -> int:
+  """`dateopt-replay WORKDIR` (`dateopt.train.engine_log.main`), with the `train` extra."""
+  message = extras.missing(extras.TRAIN_MODULES, extra="train")
+  if message is not None:
+    print(f"dateopt-replay: error: {message}", file=sys.stderr, flush=True)
+    return 2
+  from dateopt.train import engine_log  # pylint: disable=g-import-not-at-top
+  return engine_log.main()

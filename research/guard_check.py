@@ -29,8 +29,8 @@ from dateopt import configs
 
 def guard_state(opt_state):
   """The divergence guard's state inside `opt_state`, or None without a guard."""
-  from dateopt import date
-  is_guard = lambda x: isinstance(x, date.DivergenceGuardState)
+  from dateopt.date import _guard as guard_lib
+  is_guard = lambda x: isinstance(x, guard_lib.DivergenceGuardState)
   found = [s for s in jax.tree.leaves(opt_state, is_leaf=is_guard) if is_guard(s)]
   return found[0] if found else None
 

@@ -15,8 +15,9 @@ and 32x seeds 1 and 2; the main job's LSTM with its gradient multiplied by
 and steps, and the watch's counts: divergences (a false alarm, on a healthy
 run), steps walked at gain 1 on a rising loss, skipped gradient jumps, and
 gains the trust rules held. "baselines": the tuned recipes the bar is
-measured from. `--only NAME` runs one of them. `--rules-off a,b` runs every
-run with those of the engine's rules off (`dateopt.date._progress.ENGINE_RULES`; what the
+measured from, and the main job's recipe at 1000x, 100x and 10x its LR with no
+engine (what a diverged run's recipe gives by itself). `--only NAME` runs one of
+them. `--rules-off a,b` runs every run with those of the engine's rules off (`dateopt.date._progress.ENGINE_RULES`; what the
 ablation `python -m dateopt.study --ablate` measures on the study's cells):
 
   python scripts/divergence_evidence.py diverged --rules-off relapse --workdir runs/div_off
@@ -78,7 +79,11 @@ def baseline_runs() -> list[Run]:
   return [Run("main_job_baseline", baseline(MAIN_JOB))] + [
       Run(f"study_lstm_noclip_baseline_seed{seed}",
           baseline(STUDY["lstm"], seed, learning_rate=4e-3, grad_clip_norm=None))
-      for seed in (1, 2)]
+      for seed in (1, 2)] + [
+      # The diverged set's bad LRs at the baseline's batch, with no engine: what the recipe
+      # itself gives, so a diverged run is told apart from a recipe that learns badly.
+      Run(f"main_job_baseline_lr_x{factor}", baseline(MAIN_JOB, learning_rate=2e-3 * factor))
+      for factor in (1000, 100, 10)]
 
 
 def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY)) -> list[Run]:

@@ -481,6 +481,7 @@ def test_growing_ladder_refuses_a_max_the_layout_cannot_split(tmp_path):
 
 def test_a_run_killed_mid_ramp_resumes_bit_exact(tmp_path):
   from dateopt import train
+  from dateopt.train import engine_log
   config = _growing_config(checkpoint_every_steps=5, keep_checkpoints=20)
   whole = train.train_and_evaluate(config, str(tmp_path / "whole"))
   resume_at = 45  # after the rungs at 21 and 41, before the one at 61
@@ -491,6 +492,13 @@ def test_a_run_killed_mid_ramp_resumes_bit_exact(tmp_path):
   assert resumed.largest_batch_size == whole.largest_batch_size
   for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
     np.testing.assert_array_equal(a, b)
+  # The engine's record of every step, on 8 devices: the same after the resume, and replayed
+  # (its code on those readings) to the same decisions at every step.
+  engine_rows = lambda run: [row for row in (tmp_path / run / engine_log.ENGINE_FILE)
+                             .read_text().splitlines() if json.loads(row)["step"] > resume_at]
+  assert engine_rows("resumed") == engine_rows("whole")  # the rows after the checkpoint
+  report = engine_log.replay_run(tmp_path / "whole")
+  assert report.exact and report.steps == whole.steps, report.first_mismatch
 
 
 def test_compile_rungs_ahead_takes_a_bool():

@@ -91,8 +91,8 @@ def test_noise_scale_statistics_and_guard_match_the_one_batch_step(one_and_accum
     acc_noise = optax.tree.get(acc.opt_state, noise_lib.NoiseScaleState.__name__)
     assert int(acc_noise.count) == int(one_noise.count) == 1  # measured on step 1 only
     _assert_trees_close(acc_noise, one_noise, rtol=1e-4)
-    one_guard = optax.tree.get(one.opt_state, date.DivergenceGuardState.__name__)
-    acc_guard = optax.tree.get(acc.opt_state, date.DivergenceGuardState.__name__)
+    one_guard = optax.tree.get(one.opt_state, "DivergenceGuardState")
+    acc_guard = optax.tree.get(acc.opt_state, "DivergenceGuardState")
     _assert_trees_close(acc_guard, one_guard, rtol=1e-5)
   date_keys = [k for k in one_metrics[0] if k.startswith(("date/", "guard/"))]
   assert "date/noise_scale" in date_keys and "guard/lr_multiplier" in date_keys

@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from dateopt import train
+from dateopt.train import engine_log
 from dateopt.data import get_dataset
 
 pytestmark = pytest.mark.slow  # training runs
@@ -123,6 +124,13 @@ def test_a_growing_language_model_run_killed_mid_ramp_resumes_bit_exact(corpus, 
   for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
     np.testing.assert_array_equal(a, b)
   assert resumed.eval_metrics == whole.eval_metrics
+  # The engine's record of every step: the same after the resume, and its code re-run on
+  # those readings decides every step as the run did.
+  engine_rows = lambda run: [row for row in (tmp_path / run / engine_log.ENGINE_FILE)
+                             .read_text().splitlines() if json.loads(row)["step"] > resume_at]
+  assert engine_rows("resumed") == engine_rows("whole")  # the rows after the checkpoint
+  report = engine_log.replay_run(tmp_path / "whole")
+  assert report.exact and report.steps == whole.steps, report.first_mismatch
 
 
 def test_gradient_accumulation_takes_the_same_language_model_steps(corpus, tmp_path):

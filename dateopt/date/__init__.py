@@ -31,7 +31,7 @@ optax's `_src` is: what this package exports is the API, and the rest may change
 from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch
 from dateopt.date._builder import batch_schedule_of, build, build_schedule, noise_leaf_scales
 from dateopt.date._divergence import as_optax_state, diverged, gave_up
-from dateopt.date._guard import DivergenceGuardState, divergence_guard
+from dateopt.date._guard import divergence_guard
 from dateopt.date._noise import (
     GradientSqNorms,
     combine_group_grads,
@@ -49,6 +49,7 @@ from dateopt.date._progress import (
     next_batch_size,
     predicted_budget,
     progress_done,
+    replay,
 )
 from dateopt.date._recipe import Recipe
 from dateopt.date._stats import statistics, track_statistics
@@ -56,7 +57,6 @@ from dateopt.date._stats import statistics, track_statistics
 __all__ = [
     "AdaptiveState",
     "BatchSchedule",
-    "DivergenceGuardState",
     "GradientSqNorms",
     "LargeBatchWarning",
     "Recipe",
@@ -81,6 +81,7 @@ __all__ = [
     "plan",
     "predicted_budget",
     "progress_done",
+    "replay",
     "scheduled_batch",
     "statistics",
     "track_statistics",

@@ -91,17 +91,37 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
     tx = scheduled_batch(make, schedule, given, base_steps=recipe.total_steps,
                          rung_hyperparams=rung_hyperparams)
   elif recipe.adaptive:
-    tx = adaptive(make, schedule, base_batch_size=recipe.base_batch_size,
-                  batch_size=recipe.batch_size, base_steps=recipe.total_steps,
-                  warmup_steps=recipe.warmup_steps, gain_rule=recipe.gain_rule,
-                  noise_decay=noise_decay, signal_decay=signal_decay,
-                  batch_sizes=_ladder(recipe, batch_sizes), step_price=recipe.step_price,
-                  noise_batch_exponent=recipe.noise_batch_exponent,
-                  divergence_patience=divergence_patience, rung_hyperparams=rung_hyperparams,
-                  rules_off=rules_off)
+    tx = adaptive(make, schedule, rung_hyperparams=rung_hyperparams, **adaptive_settings(
+        recipe, noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=batch_sizes,
+        divergence_patience=divergence_patience, rules_off=rules_off))
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule
+
+
+def adaptive_settings(recipe: Recipe, *, noise_decay: float = 0.99,
+                      signal_decay: float | None = SIGNAL_DECAY,
+                      batch_sizes: Sequence[int] | None = None,
+                      divergence_patience: int | None = DIVERGENCE_PATIENCE,
+                      rules_off: Sequence[str] = ()) -> dict[str, Any]:
+  """The keyword arguments `build` gives `adaptive` for an adaptive `recipe` (its
+  `make_optimizer`, schedule and `rung_hyperparams` aside), as plain JSON values: what the
+  trainer records in `recipe.json` and `replay` takes.
+
+  Example:
+    >>> r = Recipe(batch_size=512, num_examples=51_200, num_epochs=10, learning_rate=0.1,
+    ...            base_batch_size=128)
+    >>> adaptive_settings(r)["base_steps"], adaptive_settings(r)["batch_sizes"]
+    (4000, None)
+  """
+  ladder = _ladder(recipe, batch_sizes)
+  return {"base_batch_size": recipe.base_batch_size, "batch_size": recipe.batch_size,
+          "base_steps": recipe.total_steps, "warmup_steps": recipe.warmup_steps,
+          "gain_rule": recipe.gain_rule, "noise_decay": noise_decay,
+          "signal_decay": signal_decay,
+          "batch_sizes": None if ladder is None else [int(b) for b in ladder],
+          "step_price": recipe.step_price, "noise_batch_exponent": recipe.noise_batch_exponent,
+          "divergence_patience": divergence_patience, "rules_off": list(rules_off)}
 
 
 def _ladder(recipe: Recipe, batch_sizes: Sequence[int] | None) -> Sequence[int] | None:

@@ -88,6 +88,7 @@ way `divergence_guard` takes `value=`.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -116,6 +117,7 @@ from dateopt.date._noise import (
     GradientSqNorms,
     NoiseScaleState,
     adascale_gain,
+    check_batch_sizes,
     check_decays,
     gain_from_estimates,
     init_noise_scale,
@@ -124,6 +126,32 @@ from dateopt.date._noise import (
 )
 from dateopt.date._recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
 from dateopt.validation import as_int, check_choice, check_range, check_scalar
+
+
+class Observation(NamedTuple):
+  """What one step showed `adaptive`: all its decisions read (`replay` feeds them back).
+
+  Attributes:
+    small_sq, big_sq: the step's squared gradient norms (`GradientSqNorms`; NaN:
+      not measured).
+    small_batch, big_batch: their batch sizes (int32; small_batch 0: no
+      `grad_sq_norms` was given, and big_batch is the batch the engine asked for).
+    loss: the loss passed as `value=` (NaN without one).
+    lr_share: the share of the LR a divergence guard let the step apply
+      (`lr_multiplier=`; 1 without one).
+    grads_finite: whether every gradient entry was finite.
+    update_finite: whether the inner optimizer's update was finite (True on a
+      step that made none).
+  """
+
+  small_sq: jax.Array
+  big_sq: jax.Array
+  small_batch: jax.Array
+  big_batch: jax.Array
+  loss: jax.Array
+  lr_share: jax.Array
+  grads_finite: jax.Array
+  update_finite: jax.Array
 
 
 class AdaptiveState(NamedTuple):
@@ -142,6 +170,9 @@ class AdaptiveState(NamedTuple):
     watch: the divergence watch (`dateopt.date._divergence`).
     gain_cap: the ceiling a bump left on the gain (`bump_ceiling`): the gain
       of the step before the loss began to rise; inf while there is none.
+    phase: the index in `PHASES` of the phase the engine is in after its last
+      step (`phase`).
+    observation: what the last step showed the engine (`Observation`).
   """
 
   inner_state: Any
@@ -153,6 +184,8 @@ class AdaptiveState(NamedTuple):
   gain_batch_size: jax.Array
   watch: DivergenceWatchState
   gain_cap: jax.Array
+  phase: jax.Array
+  observation: Observation
 
 
 #: The largest relative rise of the gain in one step; a healthy run's gain moves far slower
@@ -503,25 +536,16 @@ def adaptive(
     >>> round(float(state.progress), 3)
     6.769
   """
-  _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
-                  warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
-                  signal_decay=signal_decay, step_price=step_price,
-                  noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
-                  divergence_patience=divergence_patience)
-  ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
+  engine = _engine(base_schedule, base_batch_size=base_batch_size, batch_size=batch_size,
+                   base_steps=base_steps, warmup_steps=warmup_steps, gain_rule=gain_rule,
+                   noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=batch_sizes,
+                   step_price=step_price, noise_batch_exponent=noise_batch_exponent,
+                   growth_interval=growth_interval, divergence_patience=divergence_patience,
+                   rules_off=rules_off)
   inner, set_step = injected(make_optimizer, rung_hyperparams)
-  off, noise_batch_exponent, signal_decay = _with_rules_off(rules_off, noise_batch_exponent,
-                                                            signal_decay)
-  engine = _Engine(base_schedule, base_batch_size, batch_size, base_steps, warmup_steps,
-                   gain_rule, noise_decay, signal_decay, ladder, step_price,
-                   noise_batch_exponent, growth_interval, divergence_patience, off)
 
   def init_fn(params):
-    first_batch = jnp.asarray(ladder[0] if ladder else batch_size, jnp.int32)
-    return AdaptiveState(inner.init(params), jnp.zeros((), jnp.float32),
-                         jnp.zeros((), jnp.int32), init_noise_scale(), first_batch,
-                         jnp.ones((), jnp.float32), first_batch, init_watch(),
-                         jnp.full((), jnp.inf, jnp.float32))
+    return _init_state(engine, inner.init(params))
 
   def update_fn(updates, state, params=None, *, grad_sq_norms: GradientSqNorms | None = None,
                 value=None, lr_multiplier=None, **extra_args):
@@ -549,15 +573,88 @@ class _Engine(NamedTuple):
   off: frozenset[str]
 
 
+def _engine(base_schedule: optax.Schedule, *, base_batch_size: int, batch_size: int,
+            base_steps: int, warmup_steps: int = 0, gain_rule: str = "linear",
+            noise_decay: float = 0.99, signal_decay: float | None = SIGNAL_DECAY,
+            batch_sizes: Sequence[int] | None = None, step_price: float = STEP_PRICE,
+            noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
+            growth_interval: int = GROWTH_INTERVAL,
+            divergence_patience: int | None = DIVERGENCE_PATIENCE,
+            rules_off: Sequence[str] = ()) -> _Engine:
+  """`adaptive`'s settings checked (an error names the field) and gathered: what `adaptive`
+  and `replay` run."""
+  _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
+                  warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
+                  signal_decay=signal_decay, step_price=step_price,
+                  noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
+                  divergence_patience=divergence_patience)
+  ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
+  off, noise_batch_exponent, signal_decay = _with_rules_off(rules_off, noise_batch_exponent,
+                                                            signal_decay)
+  return _Engine(base_schedule, base_batch_size, batch_size, base_steps, warmup_steps,
+                 gain_rule, noise_decay, signal_decay, ladder, step_price,
+                 noise_batch_exponent, growth_interval, divergence_patience, off)
+
+
+def _init_state(engine: _Engine, inner_state: Any) -> AdaptiveState:
+  """The engine before its first step: no progress, the first rung, gain 1, no ceiling."""
+  first_batch = jnp.asarray(engine.ladder[0] if engine.ladder else engine.batch_size, jnp.int32)
+  nan = jnp.full((), jnp.nan, jnp.float32)
+  nothing_seen = Observation(nan, nan, jnp.zeros((), jnp.int32), first_batch, nan,
+                             jnp.ones((), jnp.float32), jnp.array(True), jnp.array(True))
+  return AdaptiveState(inner_state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
+                       init_noise_scale(), first_batch, jnp.ones((), jnp.float32), first_batch,
+                       init_watch(), jnp.full((), jnp.inf, jnp.float32),
+                       jnp.asarray(PHASES.index("warmup"), jnp.int32), nothing_seen)
+
+
+class _Decision(NamedTuple):
+  """One step's decision (`_decide`): whether to take it, at what LR, and the engine's state
+  after each outcome (their `inner_state` still the one before the step)."""
+  take_step: jax.Array  # False: the schedule is covered, the run gave up, or the step is skipped
+  learning_rate: jax.Array
+  k: Any  # the step's batch over B0, for `rung_hyperparams` (a number on a fixed batch)
+  lr_factor: jax.Array  # the gain's multiplier on the LR, for `rung_hyperparams`
+  stepped: AdaptiveState  # the step taken
+  idle: AdaptiveState  # the step not taken
+  rejected: AdaptiveState  # the step taken, but its update not finite: skipped after all
+
+
 def _engine_update(engine: _Engine, inner, set_step, updates, state: AdaptiveState, params,
                    extra_args, *, grad_sq_norms, value, lr_multiplier):
-  """One step of `adaptive`: the watch and the noise readings, then the gain, the LR, the
-  credit and the next batch; a step taken, or an idle one (a zero update)."""
+  """One step of `adaptive`: the engine's decision (`_decide`), then the inner optimizer's
+  update at its LR; an update that is not finite is rejected (a zero update, as idle)."""
   _check_update(grad_sq_norms, value, measures=engine.batch_size > engine.base_batch_size)
-  watching = value is not None and engine.divergence_patience is not None  # static
+  decision = _decide(engine, state, grad_sq_norms=grad_sq_norms, loss=value,
+                     lr_multiplier=lr_multiplier, grads_finite=all_finite(updates))
+  zeros = jax.tree.map(jnp.zeros_like, updates)
+
+  def step():
+    inner_state = set_step(state.inner_state, decision.learning_rate, k=decision.k,
+                           lr_factor=decision.lr_factor)
+    new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
+    stepped = new_updates, decision.stepped._replace(inner_state=new_inner)
+    # An update the optimizer made non-finite (an infinite LR, 0/0) is skipped as well.
+    return jax.tree.map(lambda new, old: jnp.where(all_finite(new_updates), new, old),
+                        stepped, (zeros, decision.rejected))
+
+  return jax.lax.cond(decision.take_step, step, lambda: (zeros, decision.idle))
+
+
+def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_multiplier,
+            grads_finite) -> _Decision:
+  """The watch and the noise readings, then the gain, the LR, the credit and the next batch:
+  everything `adaptive` decides from one step's readings (`Observation`), its inner
+  optimizer aside (`replay` runs it on recorded readings)."""
+  # The batch over B0 as given (a Python number sets the optimizer's rung hyper-parameters in
+  # float64); inside the engine the sizes are fenced arrays like the rest.
+  k = _step_batch(engine, state, grad_sq_norms) / engine.base_batch_size
+  state, grad_sq_norms, loss, lr_multiplier, grads_finite = _fenced(
+      state, grad_sq_norms, loss, lr_multiplier, grads_finite)
+  watching = loss is not None and engine.divergence_patience is not None  # static
   watch = state.watch
   if watching:
-    watch = update_watch(watch, value, step=state.count, patience=engine.divergence_patience,
+    watch = update_watch(watch, loss, step=state.count, patience=engine.divergence_patience,
                          progress_fraction=state.progress / engine.base_steps,
                          rules_off=engine.off)
   healthy = watch.diverged_steps == 0
@@ -565,58 +662,95 @@ def _engine_update(engine: _Engine, inner, set_step, updates, state: AdaptiveSta
   steady = healthy if "rising_hold" in engine.off else healthy & ~loss_rising(watch)
   # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
   # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
-  finite = all_finite(updates)
-  noise, jump = _measure(state.noise, grad_sq_norms, steady & finite,
+  noise, jump = _measure(state.noise, grad_sq_norms, steady & grads_finite,
                          noise_decay=engine.noise_decay, signal_decay=engine.signal_decay,
                          rules_off=engine.off, watched=engine.divergence_patience is not None)
-  skip = jump | ~finite
+  skip = jump | ~grads_finite
   step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
   learnt = has_learnt(watch) if watching else None  # static: only the watch knows
   gain, cap = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
                          steady=steady, healthy=healthy, watching=watching)
   ramp = _legw_ramp(state.count, engine.warmup_steps)
-  lr = ramp * _gain_multiplier(gain, engine.gain_rule) * engine.base_schedule(
+  lr_factor = _gain_multiplier(gain, engine.gain_rule)
+  lr = ramp * lr_factor * engine.base_schedule(
       jnp.maximum(state.progress, float(engine.warmup_steps)))
   # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
   lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
   # Progress credits the share of the LR the step applied, and nothing while diverged.
   applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
-
-  def step():
-    # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
-    # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
-    credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
-    inner_state = set_step(state.inner_state, lr, k=step_batch / engine.base_batch_size,
-                           lr_factor=_gain_multiplier(gain, engine.gain_rule))
-    new_updates, new_inner = inner.update(updates, inner_state, params, **extra_args)
-    count = state.count + 1
-    next_batch = _next_batch(engine, state, watch, count, noise, read, cap, learnt,
-                             steady=steady, watching=watching)
-    held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
-    stepped = new_updates, AdaptiveState(
-        new_inner, state.progress + ramp * credited, count, noise, next_batch, gain,
-        jnp.asarray(step_batch, jnp.int32),
-        watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap)
-    # An update the optimizer made non-finite (an infinite LR, 0/0) is skipped as well.
-    return jax.tree.map(lambda new, old: jnp.where(all_finite(new_updates), new, old),
-                        stepped, idle(jnp.array(True)))
+  # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
+  # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
+  credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
+  count = state.count + 1
+  next_batch = _next_batch(engine, state, watch, count, noise, read, cap, learnt,
+                           steady=steady, watching=watching)
+  held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
+  seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size)
+  finish = lambda after, update_finite: after._replace(
+      phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps),
+      observation=seen._replace(update_finite=update_finite))
+  stepped = AdaptiveState(
+      state.inner_state, state.progress + ramp * credited, count, noise, next_batch, gain,
+      jnp.asarray(step_batch, jnp.int32),
+      watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap,
+      state.phase, seen)
 
   def idle(skipped):  # the schedule is covered, the run gave up, or the step was skipped
     counted = (watch if engine.divergence_patience is None  # static: no watch, no count
                else count_gradient_jump(watch, skipped, patience=engine.divergence_patience))
-    return jax.tree.map(jnp.zeros_like, updates), state._replace(noise=noise, watch=counted)
+    return state._replace(noise=noise, watch=counted)
 
-  return jax.lax.cond((state.progress >= engine.base_steps) | watch.gave_up | skip,
-                      lambda: idle(skip), step)
+  take_step, lr, lr_factor, *outcomes = _fenced(
+      ~((state.progress >= engine.base_steps) | watch.gave_up | skip), lr, lr_factor,
+      finish(stepped, jnp.array(True)), finish(idle(skip), jnp.array(True)),
+      finish(idle(jnp.array(True)), jnp.array(False)))
+  return _Decision(take_step, lr, k, lr_factor, *outcomes)
+
+
+def _fenced(*values):
+  """`values` through an optimization barrier, the states' `inner_state` around it.
+
+  The engine's arithmetic is then compiled alone, not fused with the model's or
+  the optimizer's: XLA contracts a multiply and an add into one fused
+  multiply-add where they share a fusion, so the same engine in two programs
+  (a train step and `replay`) would round differently in the last bit.
+  """
+  def strip(value):
+    return value._replace(inner_state=None) if isinstance(value, AdaptiveState) else value
+  fenced = jax.lax.optimization_barrier(tuple(strip(v) for v in values))
+  return tuple(f._replace(inner_state=v.inner_state) if isinstance(v, AdaptiveState) else f
+               for f, v in zip(fenced, values))
+
+
+def _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, asked_batch) -> Observation:
+  """A step's readings as an `Observation` (NaN, 0 or 1 where one is not given)."""
+  nan = jnp.full((), jnp.nan, jnp.float32)
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  if grad_sq_norms is None:
+    norms = nan, nan, jnp.zeros((), jnp.int32), jnp.asarray(asked_batch, jnp.int32)
+  else:
+    norms = (f32(grad_sq_norms.small), f32(grad_sq_norms.big),
+             jnp.asarray(grad_sq_norms.small_batch_size, jnp.int32),
+             jnp.asarray(grad_sq_norms.big_batch_size, jnp.int32))
+  return Observation(*norms, nan if loss is None else f32(loss),
+                     jnp.ones((), jnp.float32) if lr_multiplier is None else f32(lr_multiplier),
+                     jnp.asarray(grads_finite), jnp.array(True))
+
+
+def _step_batch(engine: _Engine, state: AdaptiveState, grad_sq_norms):
+  """The batch this step had: the fixed one, else what the norms say, else the one asked for."""
+  if not engine.ladder:
+    return engine.batch_size
+  return state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
 
 
 def _step_reading(engine: _Engine, state: AdaptiveState, noise, grad_sq_norms):
-  """The batch this step had (the norms say it, else the one asked for) and the noise
-  reading its gain and climb use (`credited_noise` on a ladder)."""
+  """The batch this step had (`_step_batch`) and the noise reading its gain and climb use
+  (`credited_noise` on a ladder)."""
+  step_batch = _step_batch(engine, state, grad_sq_norms)
   if not engine.ladder:
-    return engine.batch_size, noise
-  step_batch = state.batch_size if grad_sq_norms is None else grad_sq_norms.big_batch_size
+    return step_batch, noise
   return step_batch, credited_noise(noise, step_batch, max_batch_size=engine.ladder[-1],
                                     exponent=engine.noise_batch_exponent)
 
@@ -693,6 +827,8 @@ def _check_update(grad_sq_norms, value, *, measures: bool) -> None:
   engine `measures` (its batch is larger than the baseline's: else the gain is 1 anyway)."""
   if value is not None:
     check_scalar("date.adaptive: value=", value, what="the scalar loss")
+  if grad_sq_norms is not None:  # where concrete: inside, the engine fences them as arrays
+    check_batch_sizes(grad_sq_norms.small_batch_size, grad_sq_norms.big_batch_size)
   if grad_sq_norms is None and measures:
     # A warning, not an error: without readings the engine still trains soundly, at the
     # baseline's pace (tracing an update, a smoke test); what must not pass is the silence.
@@ -805,6 +941,88 @@ def _batch_engine(opt_state: Any) -> Any:
   scheduled = optax.tree.get(as_optax_state(opt_state), "BatchScheduleState")
   return scheduled if scheduled is not None else adaptive_part(opt_state,
                                                                AdaptiveState.__name__)
+
+
+#: What `replay` gives for each step, the engine's decisions: also what the trainer records.
+DECISIONS = ("phase", "gain", "progress", "batch_size", "count", "gain_cap", "diverged_steps",
+             "gave_up")
+
+
+def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
+           loss_given: bool = True, **settings) -> list[dict[str, Any]]:
+  """The engine's decisions, step by step, re-run from what a run's steps showed it.
+
+  `adaptive` decides each step from its `Observation` alone: the squared gradient
+  norms, the loss, the guard's LR share and whether the gradient and its update
+  were finite. `replay` feeds a run's observations, in order, to the same code
+  and returns what it decided after each: `DECISIONS` ("phase" by name of
+  `PHASES`, "gain", "progress", "batch_size" asked of the next step, "count",
+  "gain_cap", "diverged_steps", "gave_up"), and "learning_rate", the LR it set
+  (or would have set, on a step it did not take). Given the settings the run
+  had, it reproduces the run's decisions bit for bit (`dateopt.train.replay_run`
+  checks a trainer's workdir); given others, it says what they would have
+  decided on the same readings, up to the first step where the run would have
+  gone elsewhere (later readings depend on what was decided).
+
+  Args:
+    observations: one mapping a step with `Observation`'s fields (what
+      `AdaptiveState.observation` holds after it) as numbers; a float may be
+      the string "nan", "inf" or "-inf" (JSON has none). The trainer writes
+      them to `engine.jsonl`.
+    base_schedule: the baseline's LR schedule, in baseline steps.
+    loss_given: whether the run passed its loss as `value=` (the trainer does):
+      without it the divergence watch, and the rules that read the loss, are off.
+    **settings: `adaptive`'s other keyword arguments (`base_batch_size`,
+      `batch_size`, `base_steps`, `warmup_steps`, `batch_sizes`, `rules_off`,
+      ...), but `rung_hyperparams`, which sets the inner optimizer alone.
+
+  Example:
+    >>> import optax
+    >>> seen = [dict(small_sq=1 + 320 / 64, big_sq=1 + 320 / 512, small_batch=64,
+    ...              big_batch=512, loss="nan", lr_share=1.0, grads_finite=True,
+    ...              update_finite=True)]
+    >>> decided = replay(seen, optax.cosine_decay_schedule(1e-2, 1000), loss_given=False,
+    ...                  base_batch_size=32, batch_size=512, base_steps=1000)
+    >>> round(decided[0]["progress"], 3), decided[0]["phase"]
+    (6.769, 'learning')
+  """
+  engine = _engine(base_schedule, **settings)
+  state = _init_state(engine, None)
+  programs: dict[tuple, Callable] = {}
+  decided = []
+  for seen in observations:
+    sizes = (int(seen["small_batch"]), int(seen["big_batch"]), loss_given)
+    if sizes not in programs:  # the batch sizes are static in a trained step: here too
+      programs[sizes] = jax.jit(functools.partial(_replay_step, engine, *sizes))
+    readings = [jnp.float32(float(seen[name]))
+                for name in ("small_sq", "big_sq", "loss", "lr_share")]
+    state, lr = programs[sizes](state, *readings, jnp.bool_(seen["grads_finite"]),
+                                jnp.bool_(seen["update_finite"]))
+    decided.append(dict(decisions(state), learning_rate=float(lr)))
+  return decided
+
+
+def _replay_step(engine: _Engine, small_batch: int, big_batch: int, has_loss: bool,
+                 state: AdaptiveState, small_sq, big_sq, loss, lr_share, grads_finite,
+                 update_finite) -> tuple[AdaptiveState, jax.Array]:
+  """One recorded step through `_decide`, as `adaptive`'s update takes it (static sizes)."""
+  sq_norms = (GradientSqNorms(small_sq, big_sq, small_batch, big_batch) if small_batch
+              else None)
+  decision = _decide(engine, state, grad_sq_norms=sq_norms, loss=loss if has_loss else None,
+                     lr_multiplier=lr_share, grads_finite=grads_finite)
+  taken = lambda: jax.tree.map(lambda new, old: jnp.where(update_finite, new, old),
+                               decision.stepped, decision.rejected)
+  return jax.lax.cond(decision.take_step, taken, lambda: decision.idle), decision.learning_rate
+
+
+def decisions(state: AdaptiveState) -> dict[str, Any]:
+  """The engine's `DECISIONS` after a step, as Python values (the phase by name)."""
+  values = {"phase": PHASES[int(state.phase)], "gain": float(state.gain),
+            "progress": float(state.progress), "batch_size": int(state.batch_size),
+            "count": int(state.count), "gain_cap": float(state.gain_cap),
+            "diverged_steps": int(state.watch.diverged_steps),
+            "gave_up": bool(state.watch.gave_up)}
+  return {name: values[name] for name in DECISIONS}
 
 
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,

@@ -13,6 +13,7 @@ extras.require_extra("dateopt.train", extra="train", modules=extras.TRAIN_MODULE
 # ruff: noqa: E402
 from dateopt.train.config import default_config
 from dateopt.train.diverged import DivergedError
+from dateopt.train.engine_log import ReplayReport, replay_run
 from dateopt.train.metrics import JsonlWriter, MetricWriter, TensorBoardWriter, Writer, read_metrics
 from dateopt.train.nonfinite import NonFiniteError
 from dateopt.train.parallel import initialize_distributed, make_mesh
@@ -37,6 +38,7 @@ __all__ = [
     "NonFiniteError",
     "DivergedError",
     "Preempted",
+    "ReplayReport",
     "StartupError",
     "TensorBoardWriter",
     "TrainResult",
@@ -55,6 +57,7 @@ __all__ = [
     "plan_recipe",
     "polish_batch_stats",
     "read_metrics",
+    "replay_run",
     "train_and_evaluate",
     "train_step",
 ]

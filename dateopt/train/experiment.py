@@ -301,6 +301,20 @@ def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
   return names
 
 
+def engine_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The engine's settings that come from the run's config, not its recipe, checked: what
+  `date.build` takes besides the recipe (`noise_decay`, `signal_decay`,
+  `divergence_patience`, `rules_off`)."""
+  # The noise EMAs keep their horizons in steps however often the noise is measured.
+  check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
+              high_inclusive=False, allow_none=False)
+  check_range("config.divergence_patience", config.divergence_patience, low=0)
+  return {"noise_decay": 0.99 ** config.measure_every_steps,
+          "signal_decay": config.signal_decay ** config.measure_every_steps,
+          "divergence_patience": config.divergence_patience or None,
+          "rules_off": engine_rules_off(config)}
+
+
 def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
                     batch_sizes: Sequence[int] | None = None, *,
                     batch_schedule: date.BatchSchedule | None = None):
@@ -310,20 +324,14 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
   `batch_schedule`: a field batch schedule as the layout rounds it
   (`Experiment.batch_schedule`).
   """
-  # The noise EMAs keep their horizons in steps however often the noise is measured.
-  noise_decay = 0.99 ** config.measure_every_steps
-  check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
-              high_inclusive=False, allow_none=False)
-  signal_decay = config.signal_decay ** config.measure_every_steps
-  check_range("config.divergence_patience", config.divergence_patience, low=0)
-  if engine_rules_off(config) and not (recipe.adaptive and not recipe.scheduled):
+  settings = engine_settings(config)
+  noise_decay, signal_decay = settings["noise_decay"], settings["signal_decay"]
+  if settings["rules_off"] and not (recipe.adaptive and not recipe.scheduled):
     raise ValueError(f"config.engine_rules_off={config.engine_rules_off!r} switches off rules "
                      f"of DATE's adaptive engine, but this run's strategy "
                      f"{config.strategy!r} plans no adaptive recipe; set it to \"\".")
-  tx, schedule = date.build(recipe, noise_decay=noise_decay, signal_decay=signal_decay,
-                            batch_sizes=batch_sizes, batch_schedule=batch_schedule,
-                            divergence_patience=config.divergence_patience or None,
-                            rules_off=engine_rules_off(config))
+  tx, schedule = date.build(recipe, batch_sizes=batch_sizes, batch_schedule=batch_schedule,
+                            **settings)
   # The adaptive engine keeps its own EMAs; the others measure only to log the noise.
   if (not recipe.adaptive or recipe.scheduled) and gradient_groups(config) > 1:
     tx = date.measure_noise_scale(tx, noise_decay=noise_decay, signal_decay=signal_decay)

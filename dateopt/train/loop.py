@@ -31,7 +31,8 @@ import optax
 
 from dateopt import date
 from dateopt.train import config as config_lib
-from dateopt.train import nonfinite, parallel, polish, preemption, profiling, rungs, workdirs
+from dateopt.train import (engine_log, nonfinite, parallel, polish, preemption, profiling, rungs,
+                           workdirs)
 from dateopt.train.checkpoint import Checkpointer, NoUsableCheckpointError
 from dateopt.train.diverged import EngineHealth, learning_rate_of
 from dateopt.train.evaluation import evaluate, make_eval_fn
@@ -75,6 +76,10 @@ class TrainLoop:
     self.writer = MetricWriter(workdir, enabled=lead, start_step=self.start_step,
                                extra_writers=metric_writers)
     cleanup.callback(self.writer.close)
+    self.engine_log = engine_log.EngineLog(
+        workdir, enabled=lead and exp.recipe.adaptive and not exp.recipe.scheduled,
+        start_step=self.start_step)
+    cleanup.callback(self.engine_log.close)
     if self.start_step == 0:
       self.writer.write_text("recipe", report)
     start_progress = _progress(exp, self.state)
@@ -177,6 +182,7 @@ class TrainLoop:
     self.trace.after(step, self.state)
     self.clock.count_step(batch, input_seconds=waited)
     self.watch.record(step, self.metrics)
+    self.engine_log.record(step, self.metrics)
     if batch != self.logged_batch:  # the batch of every step: a row at each change
       self.writer.write(step, {"train/batch_size": batch})
       self.logged_batch = batch
@@ -207,7 +213,8 @@ class TrainLoop:
   def _log(self, tick: _Tick) -> None:
     if not tick.logs or tick.idle:
       return
-    logged = parallel.to_host(self.metrics)  # waits for the step: the clock reads true time
+    logged = parallel.to_host({k: v for k, v in self.metrics.items()  # waits for the step:
+                               if not k.startswith(engine_log.PREFIX)})  # the clock reads true time
     lap = self.clock.lap()
     logged.update(lap, batch_size=tick.batch_size,
                   **data_seen(self.exp.dataset, self.feed.position,
@@ -241,6 +248,7 @@ class TrainLoop:
       if saves:
         self.checkpointer.save(tick.step, self.state)
         self.writer.flush()  # a bucket's metrics.jsonl then holds every row up to the save
+        self.engine_log.flush()
 
   def _enter_final_epochs(self, tick: _Tick) -> None:
     """Final Polishing: the final epochs train on evaluation-style data."""

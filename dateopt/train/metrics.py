@@ -186,11 +186,11 @@ class JsonlWriter:
   """
 
   def __init__(self, workdir: str | os.PathLike, *, start_step: int = 0,
-               upload_every_seconds: float = 10.0):
+               upload_every_seconds: float = 10.0, filename: str = "metrics.jsonl"):
     root = workdirs.as_path(workdir)
     workdirs.require_packages(root)  # else epath fails on gs:// naming no extra
     root.mkdir(parents=True, exist_ok=True)
-    path = root / "metrics.jsonl"
+    path = root / filename
     self.start_step = start_step
     kept, self._written_at_start = _rows_up_to(path, start_step)
     if kept is not None:
@@ -205,7 +205,11 @@ class JsonlWriter:
     return {k: v for k, v in scalars.items() if k not in self._written_at_start}
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    values = self.unwritten(step, {k: _scalar(v) for k, v in scalars.items()})
+    self.write_row(step, {k: _scalar(v) for k, v in scalars.items()})
+
+  def write_row(self, step: int, row: Mapping[str, Any]) -> None:
+    """`row`'s JSON values as they are (strings, ints, bools too) at `step`."""
+    values = self.unwritten(step, row)
     if values:
       self._file.write(strict_json.line({"step": int(step), **values}))
 

@@ -64,7 +64,7 @@ class NonFiniteError(Exception):
 
 def guard_nonfinite_count(opt_state: Any) -> int | None:
   """The divergence guard's count of non-finite steps in `opt_state`; None without a guard."""
-  guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
+  guard = optax.tree.get(opt_state, "DivergenceGuardState")
   return None if guard is None else int(parallel.to_host(guard.num_nonfinite))
 
 

@@ -21,8 +21,9 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from dateopt.date import _builder as builder_lib
 from dateopt.train import config as config_lib
-from dateopt.train import recipe_record, workdir_lock, workdirs
+from dateopt.train import experiment, recipe_record, workdir_lock, workdirs
 from dateopt.train.experiment import Experiment
 
 
@@ -108,7 +109,11 @@ def save_recipes(workdir: str, exp: Experiment, report: str) -> None:
   root.mkdir(parents=True, exist_ok=True)
   # config.polish rides along for the record; only "planned" is checked on a restart.
   recipes = {"baseline": exp.baseline.to_dict(), "planned": exp.recipe.to_dict(),
-             "run": config_lib.resume_fields(exp.config), "polish": dict(exp.polish)}
+             "run": config_lib.resume_fields(exp.config), "polish": dict(exp.polish),
+             "engine": None}
+  if exp.recipe.adaptive and not exp.recipe.scheduled:  # every knob of DATE's engine: a
+    recipes["engine"] = builder_lib.adaptive_settings(  # replay re-runs it (engine_log)
+        exp.recipe, batch_sizes=exp.batch_sizes, **experiment.engine_settings(exp.config))
   # A start killed mid-write must not leave half a file for the restart to judge.
   workdirs.write_atomically(root / recipe_record.RECIPE_FILE,
                             json.dumps(recipes, indent=2, default=str))

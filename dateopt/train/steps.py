@@ -17,11 +17,10 @@ import numpy as np
 import optax
 
 from dateopt import date
-from dateopt.train import accumulation
+from dateopt.train import accumulation, engine_log
 from dateopt.date import _batch_schedules as batch_schedules_lib
 from dateopt.date import _builder as builder_lib
 from dateopt.date import _noise as noise_lib
-from dateopt.date import _progress as progress_lib
 
 
 @flax.struct.dataclass
@@ -234,10 +233,10 @@ def applied_learning_rate(old_opt_state: Any, new_opt_state: Any) -> jax.Array |
   lr = optax.tree.get(new_opt_state, "learning_rate", filtering=lambda _, v: hasattr(v, "dtype"))
   if lr is None:
     return None
-  old_guard = optax.tree.get(old_opt_state, date.DivergenceGuardState.__name__)
+  old_guard = optax.tree.get(old_opt_state, "DivergenceGuardState")
   if old_guard is None:
     return lr
-  new_guard = optax.tree.get(new_opt_state, date.DivergenceGuardState.__name__)
+  new_guard = optax.tree.get(new_opt_state, "DivergenceGuardState")
   skipped = new_guard.num_skipped > old_guard.num_skipped
   return jnp.where(skipped, 0.0, lr * old_guard.lr_multiplier)
 
@@ -263,14 +262,13 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
     out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
-    if recipe is not None:  # an index into PHASES (docs/guides/training.md)
-      out["date/phase"] = progress_lib.phase(adaptive, base_steps=recipe.total_steps,
-                                             warmup_steps=recipe.warmup_steps)
+    out["date/phase"] = adaptive.phase  # an index into PHASES (docs/guides/training.md)
+    out.update(engine_log.engine_metrics(adaptive))  # every step to engine.jsonl
   scheduled = optax.tree.get(opt_state, batch_schedules_lib.BatchScheduleState.__name__)
   if scheduled is not None:  # a field batch schedule: its progress and next batch
     out["date/progress"] = scheduled.progress
     out["date/batch_size"] = scheduled.batch_size
-  guard = optax.tree.get(opt_state, date.DivergenceGuardState.__name__)
+  guard = optax.tree.get(opt_state, "DivergenceGuardState")
   if guard is not None:
     out["guard/lr_multiplier"] = guard.lr_multiplier
     out["guard/num_skipped"] = guard.num_skipped

@@ -1,0 +1,151 @@
+"""DATE's adaptive engine, step by step: what each step showed it and what it decided
+(`engine.jsonl`), and the check that its code, re-run on those readings, decides the same
+(`replay_run`).
+
+An adaptive run writes one row a step to `workdir/engine.jsonl`: the step's
+`Observation` (squared gradient norms and their batches, loss, the guard's LR
+share, whether the gradient and the update were finite) and the engine's
+decisions after it (`dateopt.date._progress.DECISIONS`: phase, gain, progress,
+next batch, ...). A non-finite float is written as the string "nan", "inf" or
+"-inf", so a replay reads back the exact value. A resumed run keeps the rows up
+to its checkpoint, as `metrics.jsonl` does.
+
+Example:
+  >>> from dateopt import train
+  >>> report = train.replay_run("runs/lm_grown")   # a finished or killed adaptive run
+  >>> report.exact, report.steps, report.first_mismatch
+  (True, 405, None)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from dateopt import metrics_io
+from dateopt.date import _builder as builder_lib
+from dateopt.date import _progress as progress_lib
+from dateopt.train import metrics as metrics_lib
+from dateopt.train import parallel, recipe_record, workdirs
+
+ENGINE_FILE = "engine.jsonl"
+PREFIX = "engine/"  # the step's metrics that go to ENGINE_FILE, not to metrics.jsonl
+
+
+def engine_metrics(adaptive: progress_lib.AdaptiveState) -> dict[str, Any]:
+  """What `engine.jsonl` records of a step, from the engine's state after it (arrays)."""
+  decided = {"phase": adaptive.phase, "gain": adaptive.gain, "progress": adaptive.progress,
+             "batch_size": adaptive.batch_size, "count": adaptive.count,
+             "gain_cap": adaptive.gain_cap, "diverged_steps": adaptive.watch.diverged_steps,
+             "gave_up": adaptive.watch.gave_up}
+  return {PREFIX + name: value
+          for name, value in {**adaptive.observation._asdict(), **decided}.items()}
+
+
+def _json_value(value: np.ndarray) -> Any:
+  """A recorded value as exact JSON: ints and bools as such, a float's non-finite value as a
+  string (float32 values are exact as JSON's float64)."""
+  if value.dtype == np.bool_:
+    return bool(value)
+  if np.issubdtype(value.dtype, np.integer):
+    return int(value)
+  number = float(value)
+  return number if math.isfinite(number) else str(number)
+
+
+class EngineLog:
+  """`engine.jsonl`'s writer: a row for each step the engine took or skipped.
+
+  `record(step, metrics)` takes the step's metrics (`engine_metrics`' keys) and
+  drops a step the trainer computed after the run was done (its count is -1).
+  Only the lead process writes, as with `metrics.jsonl`.
+  """
+
+  def __init__(self, workdir: str | os.PathLike, *, enabled: bool, start_step: int = 0):
+    self._jsonl = (metrics_lib.JsonlWriter(workdir, start_step=start_step, filename=ENGINE_FILE)
+                   if enabled else None)
+
+  def record(self, step: int, metrics: Mapping[str, Any]) -> None:
+    if self._jsonl is None:
+      return
+    row = parallel.to_host({k[len(PREFIX):]: v for k, v in metrics.items()
+                            if k.startswith(PREFIX)})
+    if row and int(row["count"]) >= 0:
+      self._jsonl.write_row(step, {k: _json_value(np.asarray(v)) for k, v in row.items()})
+
+  def flush(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayReport:
+  """`replay_run`'s answer: the steps replayed, whether every decision came out the same,
+  and where the first did not (`(step, {decision: (recorded, replayed)})`)."""
+  steps: int
+  exact: bool
+  first_mismatch: tuple[int, dict[str, tuple[Any, Any]]] | None
+  replayed: list[dict[str, Any]]
+
+
+def replay_run(workdir: str | os.PathLike) -> ReplayReport:
+  """Re-runs DATE's engine on an adaptive run's recorded readings (`engine.jsonl`) with the
+  settings in its `recipe.json`, and compares each step's decisions with the recorded ones.
+
+  `dateopt-replay WORKDIR` prints the answer. Raises
+  FileNotFoundError naming the file when the workdir has no adaptive run's records.
+  """
+  root = workdirs.as_path(workdir)
+  stored = json.loads((root / recipe_record.RECIPE_FILE).read_text())
+  if stored.get("engine") is None:
+    raise FileNotFoundError(f"{root / recipe_record.RECIPE_FILE} records no adaptive engine "
+                            f"(a static or scheduled run, or one written before the engine "
+                            f"settings were recorded): nothing to replay.")
+  path = root / ENGINE_FILE
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: the run recorded no engine steps.")
+  rows = [row for _, row in metrics_io.parsed_rows(path)]
+  schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
+  settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
+  replayed = progress_lib.replay(rows, schedule, **settings)
+  first = next(((int(row["step"]), diff) for row, again in zip(rows, replayed)
+                if (diff := _differences(row, again))), None)
+  return ReplayReport(len(rows), first is None, first, replayed)
+
+
+def _differences(recorded: Mapping[str, Any], replayed: Mapping[str, Any]
+                 ) -> dict[str, tuple[Any, Any]]:
+  """The decisions whose replayed value is not the recorded one, bit for bit."""
+  def same(a, b):
+    a = float(a) if isinstance(a, str) else a
+    return a == b or (isinstance(b, float) and math.isnan(b) and math.isnan(float(a)))
+  return {name: (recorded[name], replayed[name]) for name in progress_lib.DECISIONS
+          if not same(recorded[name], replayed[name] if name != "phase"
+                      else progress_lib.PHASES.index(replayed[name]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+  """`dateopt-replay WORKDIR`: `replay_run`'s answer in a line; status 0 when exact, else 1."""
+  parser = argparse.ArgumentParser(
+      prog="dateopt-replay", description="Re-runs DATE's engine on an adaptive run's recorded "
+      "readings and compares its decisions with the recorded ones.")
+  parser.add_argument("workdir")
+  report = replay_run(parser.parse_args(argv).workdir)
+  if report.exact:
+    print(f"{report.steps} steps replayed: every decision (phase, gain, progress, batch) "
+          f"the same, bit for bit.")
+    return 0
+  step, diff = report.first_mismatch
+  print(f"{report.steps} steps replayed; the first decision that differs is at step {step}: "
+        + ", ".join(f"{k} recorded {a} replayed {b}" for k, (a, b) in diff.items()))
+  return 1

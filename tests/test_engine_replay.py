@@ -1,0 +1,127 @@
+"""`date.replay`: the engine's decisions re-run from the readings a run recorded.
+
+The second code path is the optax transformation itself: a scripted run through
+`date.adaptive`, jitted with its inner optimizer, records `AdaptiveState.observation`
+after each step; `replay` runs the engine alone on those readings and must decide the
+same, bit for bit, at every step and through every phase. A trained run's
+`engine.jsonl` is replayed the same way in tests/test_batch_growth.py and
+tests/test_lm_training.py (`dateopt.train.engine_log.replay_run`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from dateopt import date
+from dateopt.date import _progress as progress_lib
+
+SCHEDULE = optax.cosine_decay_schedule(1e-2, 4000)
+SETTINGS = dict(base_batch_size=8, batch_size=256, base_steps=4000, warmup_steps=20)
+
+
+def _loss_at(step: int, rng: np.random.Generator, explode_from: int | None) -> float:
+  """A plateau, a fall, a bump, and (from `explode_from`) a run that blows up."""
+  if explode_from is not None and step >= explode_from:
+    return 50.0 * (1 + step - explode_from)
+  fall = 2.3 if step < 40 else 0.4 + 1.9 * math.exp(-(step - 40) / 40)
+  bump = 0.8 if 150 <= step < 175 else 0.0
+  return fall + bump + 0.02 * rng.random()
+
+
+def _scripted_run(settings: dict, *, steps: int, explode_from: int | None = None):
+  """(observations, decisions) of a jitted `date.adaptive` over scripted readings: a NaN
+  gradient at step 100 and a gradient jump at step 120 (both skipped)."""
+  rng = np.random.default_rng(0)
+  tx = date.adaptive(lambda learning_rate: optax.adamw(learning_rate, weight_decay=0.1),
+                     SCHEDULE, **settings)
+  params = {"w": jnp.ones(4)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(state, grads, small, big, loss, share, big_batch):
+    norms = date.GradientSqNorms(small, big, 4, big_batch)
+    return tx.update({"w": grads}, state, params, grad_sq_norms=norms, value=loss,
+                     lr_multiplier=share)[1]
+
+  observations, decisions = [], []
+  for t in range(steps):
+    big_batch = int(state.batch_size)
+    grads = jnp.asarray(rng.normal(size=4), jnp.float32)
+    if t == 100:
+      grads = grads.at[0].set(jnp.nan)
+    trace, signal = 40.0 * (1 + t / 40), 1.0 / (1 + t / 30)
+    small = signal + trace / 4 * (1 + 0.2 * rng.random())
+    big = 1e9 if t == 120 else signal + trace / big_batch * (1 + 0.2 * rng.random())
+    state = step(state, grads, jnp.float32(small), jnp.float32(big),
+                 jnp.float32(_loss_at(t, rng, explode_from)),
+                 jnp.float32(0.5 if t == 60 else 1.0), big_batch)
+    observations.append(jax.tree.map(lambda x: x.item(), state.observation._asdict()))
+    decisions.append(progress_lib.decisions(state))
+  return observations, decisions
+
+
+def _same(decisions, replayed):
+  """The first step whose replayed decisions are not the recorded ones (None: none)."""
+  for t, (recorded, again) in enumerate(zip(decisions, replayed, strict=True)):
+    if any(recorded[k] != again[k] and not (k == "gain_cap" and math.isinf(recorded[k])
+                                            and math.isinf(again[k])) for k in recorded):
+      return t, recorded, again
+  return None
+
+
+@pytest.fixture(scope="module", params=["fixed", "grown"])
+def run(request):
+  settings = dict(SETTINGS, batch_sizes=date.batch_ladder(8, 256)
+                  if request.param == "grown" else None)
+  return settings, *_scripted_run(settings, steps=300)
+
+
+def test_replay_decides_every_step_as_the_run_did(run):
+  settings, observations, decisions = run
+  assert _same(decisions, date.replay(observations, SCHEDULE, **settings)) is None
+  phases = {d["phase"] for d in decisions}
+  assert {"warmup", "plateau", "learning", "hold", "done"} <= phases  # every healthy phase
+  assert observations[100]["grads_finite"] is False  # the NaN gradient: skipped
+  assert decisions[100]["count"] == decisions[99]["count"]
+  assert decisions[120]["count"] == decisions[119]["count"]  # the jump: skipped too
+
+
+def test_replay_reads_the_runs_json_back_exactly(run):
+  """Through JSON, as engine.jsonl holds it: the non-finite values as strings."""
+  settings, observations, decisions = run
+  as_json = lambda v: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+  lines = [json.dumps({k: as_json(v) for k, v in o.items()}, allow_nan=False)
+           for o in observations]
+  read_back = [json.loads(line) for line in lines]
+  assert _same(decisions, date.replay(read_back, SCHEDULE, **settings)) is None
+
+
+def test_replay_follows_a_run_into_divergence_and_giving_up():
+  settings = dict(SETTINGS, divergence_patience=20)
+  observations, decisions = _scripted_run(settings, steps=230, explode_from=190)
+  assert {"diverged", "gave_up"} <= {d["phase"] for d in decisions}
+  assert decisions[-1]["gave_up"] and decisions[-1]["diverged_steps"] > 0
+  assert _same(decisions, date.replay(observations, SCHEDULE, **settings)) is None
+
+
+def test_replay_with_other_settings_answers_what_they_would_have_decided(run):
+  settings, observations, decisions = run
+  other = date.replay(observations, SCHEDULE, **dict(settings, rules_off=("bump_ceiling",)))
+  assert _same(decisions, other) is not None  # the bump's ceiling held the gain somewhere
+  first = _same(decisions, other)[0]
+  assert 150 <= first < 200  # not before the bump
+
+
+def test_replay_refuses_what_adaptive_refuses():
+  with pytest.raises(ValueError, match="warmup_steps"):
+    date.replay([], SCHEDULE, **dict(SETTINGS, warmup_steps=4000))
+  with pytest.raises(ValueError, match="rules_off"):
+    date.replay([], SCHEDULE, **dict(SETTINGS, rules_off=("no_such_rule",)))
+  assert date.replay([], SCHEDULE, **SETTINGS) == []
