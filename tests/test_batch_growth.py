@@ -335,6 +335,60 @@ def test_a_profile_logged_at_the_largest_batch_plays_as_logged():
                           read_at_batch_size=0)
 
 
+def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_steps):
+  """A plain optax loop through `date.adaptive`, fed the readings `predicted_budget` describes
+  (tr Σ = 1, |G|² = 1/B_noise at the progress, the batch trend × (B/B0)^α): the second path."""
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                     optax.constant_schedule(0.1), base_batch_size=32, batch_size=ladder[-1],
+                     base_steps=base_steps, warmup_steps=warmup_steps,
+                     batch_sizes=ladder if len(ladder) > 1 else None,
+                     divergence_patience=None if losses is None else 100)
+  params = {"w": jnp.ones(2)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(state, signal, batch, loss):
+    norms = date.GradientSqNorms(signal + 1.0, signal + 1.0 / batch, 1, batch)
+    return tx.update({"w": jnp.ones(2)}, state, params, grad_sq_norms=norms, value=loss)[1]
+
+  steps = examples = 0
+  while not (date.progress_done(state, base_steps) or date.gave_up(state)):
+    batch, progress = int(state.batch_size), float(state.progress)
+    noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
+    noise *= (batch / 32) ** recipe_lib.NOISE_BATCH_EXPONENT
+    loss = None if losses is None else float(np.interp(progress / base_steps,
+                                                        np.linspace(0, 1, len(losses)), losses))
+    count = int(state.count)
+    state = step(state, jnp.float32(1.0 / noise), batch, loss)
+    steps, examples = steps + (int(state.count) > count), examples + batch * (int(state.count) > count)
+  return steps, examples, int(state.batch_size)
+
+
+@pytest.mark.parametrize("ladder", [(512,), (32, 64, 128, 256, 512)])
+@pytest.mark.parametrize("losses", [None, [2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6, 0.55, 0.5]])
+def test_the_predicted_budget_is_the_engines_own_play_out(ladder, losses):
+  profile = [60.0, 150.0, 400.0, 900.0]
+  budget = date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
+                                 base_steps=1500, warmup_steps=30, losses=losses)
+  loop = _adaptive_loop_on_a_profile(profile, losses, ladder=ladder, base_steps=1500,
+                                     warmup_steps=30)
+  assert (budget["steps"], budget["examples"], budget["largest_batch_size"]) == loop
+  assert budget["phase"] == "done"
+
+
+def test_a_loss_profile_plays_out_the_plateau_and_a_run_that_never_learns_gives_up():
+  kwargs = dict(base_batch_size=32, batch_sizes=(512,), base_steps=1500, warmup_steps=30)
+  falling = date.predicted_budget(200.0, **kwargs)
+  plateau = date.predicted_budget(200.0, losses=[2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6],
+                                  **kwargs)
+  assert plateau["phase"] == falling["phase"] == "done"
+  assert plateau["steps"] > falling["steps"]  # the gain held to √k until the loss has fallen
+  # A loss that has not fallen by a quarter of the progress: the watch's no-learning rule.
+  assert date.predicted_budget(200.0, losses=[2.3, 2.3], **kwargs)["phase"] == "gave_up"
+  with pytest.raises(ValueError, match="losses"):
+    date.predicted_budget(200.0, losses=[], **kwargs)
+
+
 def test_plan_and_explain_show_the_ladder_and_the_predicted_budget():
   base = date.Recipe(batch_size=32, num_examples=60_000, num_epochs=4, learning_rate=8e-3,
                      optimizer="adam", warmup_epochs=0.04)

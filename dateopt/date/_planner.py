@@ -479,8 +479,9 @@ def _budget_notes(noise_scale, planned: Recipe, critical_batch_factor: float) ->
         profile[0] * read, planned.base_batch_size, planned.batch_size, critical_batch_factor)
   notes["predicted steps"] = (f"{budget['steps']:,} for {what} at the baseline's batch, read "
                               f"× {read:.3g} at {planned.batch_size:,} (the batch trend, "
-                              f"× (B/B0)^{planned.noise_batch_exponent:g}; McCandlish et al. "
-                              f"2018: steps ∝ 1 + B_noise/B)")
+                              f"× (B/B0)^{planned.noise_batch_exponent:g}), played out by the "
+                              f"engine's own steps (McCandlish et al. 2018: steps ∝ 1 + "
+                              f"B_noise/B)")
   notes["predicted examples"] = (f"{budget['examples']:,} = "
                                  f"{budget['examples_vs_baseline']:.2f} × the baseline's")
   if grow_batch:
@@ -529,8 +530,8 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
 
 def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], *,
                           read_at_batch_size: int | None = None) -> dict[str, float]:
-  """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch,
-  by McCandlish's law on `noise_scale` (a number or a profile over the baseline's progress,
+  """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch, the
+  engine's steps played out on `noise_scale` (a number or a profile over the baseline's progress,
   as a run at the baseline's batch reads it, or at `read_at_batch_size`; read × (B/B0)^α at
   batch B, α the recipe's `noise_batch_exponent`, for a fixed batch too).
 
@@ -539,7 +540,7 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], 
     ...               learning_rate=2e-3, optimizer="adam", warmup_epochs=0.25)
     >>> budget = plan_predicted_budget(plan(base, 512, "adaptive", grow_batch=True), 500.0)
     >>> budget["steps"], budget["largest_batch_size"], round(budget["examples_vs_baseline"], 2)
-    (831, 512, 1.52)
+    (835, 512, 1.53)
   """
   if not recipe.adaptive or recipe.scheduled:
     raise ValueError("plan_predicted_budget: the recipe must be DATE's adaptive one "

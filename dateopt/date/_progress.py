@@ -1030,26 +1030,28 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
                      step_price: float = STEP_PRICE,
                      noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
                      growth_interval: int = GROWTH_INTERVAL,
-                     read_at_batch_size: int | None = None) -> dict[str, float]:
-  """Steps, examples and the largest batch of an adaptive run, by McCandlish's law.
+                     read_at_batch_size: int | None = None,
+                     losses: Sequence[float] | None = None) -> dict[str, Any]:
+  """Steps, examples and the largest batch of an adaptive run, played out by the engine itself.
 
-  The run is played out step by step as the engine would take it: the gain of
-  the batch in use (`adascale_gain`, risen at most `GAIN_RISE` a step) advances
-  the progress, the LEGW ramp credits its fraction, and the batch climbs
-  `batch_sizes` by the growth rule (`wants_next_rung`). `noise_scales` is
-  B_noise as a run at the baseline's batch B0 reads it, one number or a
-  profile: values at equally spaced points of the baseline's progress (e.g.
-  what the baseline logged). The gain and the climb read it × (B_max/B0)^α
-  (α = `noise_batch_exponent`): a run at batch B reads the baseline's noise
-  × (B/B0)^α, the batch trend `credited_noise` credits, so at every rung the
-  credited reading is the largest batch's (docs/results/engine_rules.md, 'The noise
-  credit'). A one-rung ladder is a fixed batch. `read_at_batch_size` (default B0) is the
-  batch of the run that read `noise_scales`. The play-out assumes the loss falls from the
-  first step: a plateau before the run `has_learnt` keeps a real run on its first rung
-  longer (docs/results/engine_rules.md, 'The early climb').
+  The engine's own step (`_decide`, what `adaptive` and `replay` run) is fed,
+  step after step, the readings a run would show it if the noise scale followed
+  `noise_scales`: B_noise as a run at the baseline's batch B0 reads it, one
+  number or a profile (values at equally spaced points of the baseline's
+  progress, e.g. what the baseline logged). A step at rung B reads it
+  × (B/B0)^α (α = `noise_batch_exponent`), the batch trend that `credited_noise`
+  credits up to the largest rung's, as tr Σ = 1 and |G|² = 1/B_noise, read exactly. So the
+  gain, its settling and rise bound, the LEGW ramp, the growth rule and the
+  progress are the engine's, not a copy of them. `losses` (a profile over the
+  baseline's progress from its start to its end, read between points by linear
+  interpolation) is the loss each step shows the divergence watch: its plateau, hold and early climb then play out too; without
+  it the watch is off and the loss is taken to fall from the first step.
+  A one-rung ladder is a fixed batch. `read_at_batch_size` (default B0) is the
+  batch of the run that read `noise_scales`.
 
   Returns:
-    {"steps", "examples", "examples_vs_baseline", "largest_batch_size"}.
+    {"steps", "examples", "examples_vs_baseline", "largest_batch_size", "phase"}:
+    "phase" is "done", or "gave_up" where the losses made the watch give up.
 
   Example:
     >>> budget = predicted_budget(1000.0, base_batch_size=100, batch_sizes=(1000,),
@@ -1065,26 +1067,65 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
                                          warmup_steps, noise_batch_exponent)
   read_at = base_batch_size if read_at_batch_size is None else read_at_batch_size
   check_range("read_at_batch_size", read_at, low=1)
-  read_at_largest = batch_credit(read_at, ladder[-1], noise_batch_exponent)
-  progress, steps, examples, rung, last_rung, gain = 0.0, 0, 0, 0, 0, 1.0
-  while progress < base_steps:
-    noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
-    noise *= read_at_largest
-    ramp = min(1.0, (steps + 1) / warmup_steps) if warmup_steps else 1.0
-    measured = adascale_gain(noise, base_batch_size, ladder[rung])
-    gain = measured if steps < GAIN_SETTLE else bounded_gain(
-        measured, gain, True, batch_ratio=ladder[rung] / ladder[last_rung])
-    last_rung = rung
-    progress += ramp * gain
-    steps, examples = steps + 1, examples + ladder[rung]
-    if rung + 1 < len(ladder) and wants_next_rung(
-        steps, noise, batch_size=ladder[rung], next_batch_size=ladder[rung + 1],
-        max_batch_size=ladder[-1], warmup_steps=warmup_steps, step_price=step_price,
-        growth_interval=growth_interval):
-      rung += 1
+  if losses is not None:
+    losses = list(losses)
+    if not losses:
+      raise ValueError("losses must be None or a non-empty sequence of numbers.")
+    for value in losses:
+      check_range("losses", value, low=0.0, finite=False)
+  engine = _engine(_UNIT_SCHEDULE, base_batch_size=base_batch_size, batch_size=ladder[-1],
+                   base_steps=base_steps, warmup_steps=warmup_steps,
+                   batch_sizes=ladder if len(ladder) > 1 else None, step_price=step_price,
+                   noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
+                   divergence_patience=None if losses is None else DIVERGENCE_PATIENCE)
+  state, examples = _play_out(engine, jnp.asarray(profile, jnp.float32), float(read_at),
+                              None if losses is None else jnp.asarray(losses, jnp.float32))
+  steps, examples = int(state.count), int(examples)
   return {"steps": steps, "examples": examples,
           "examples_vs_baseline": examples / (base_steps * base_batch_size),
-          "largest_batch_size": ladder[rung]}
+          "largest_batch_size": int(state.batch_size),
+          "phase": "gave_up" if bool(state.watch.gave_up) else "done"}
+
+
+def _UNIT_SCHEDULE(count):  # pylint: disable=invalid-name
+  """The LR schedule of a play-out: the LR sets nothing the engine decides."""
+  del count
+  return jnp.float32(1.0)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _play_out(engine: _Engine, profile: jax.Array, read_at: float, losses: jax.Array | None
+              ) -> tuple[AdaptiveState, jax.Array]:
+  """The engine's steps over the readings `predicted_budget` describes, until its progress
+  covers the baseline's steps or it gives up: (its final state, the examples it took)."""
+  def reading_at(values, progress):
+    point = (progress * len(values) / engine.base_steps).astype(jnp.int32)
+    return values[jnp.minimum(point, len(values) - 1)]
+
+  def step(carry):
+    state, examples = carry
+    batch = state.batch_size.astype(jnp.float32)
+    noise = reading_at(profile, state.progress) * (batch / read_at) ** engine.noise_batch_exponent
+    # tr Σ = 1 and |G|² = 1/B_noise: a large reading is a small signal, as in a run (its
+    # EMA then averages the signal, and one huge reading weighs little).
+    signal = 1.0 / noise
+    measured = batch > 1.0  # one example has no spread to read
+    norms = GradientSqNorms(jnp.where(measured, signal + 1.0, jnp.nan),
+                            jnp.where(measured, signal + 1.0 / batch, jnp.nan),
+                            jnp.int32(1), state.batch_size)
+    loss = None if losses is None else jnp.interp(
+        state.progress / engine.base_steps, jnp.linspace(0.0, 1.0, len(losses)), losses)
+    decision = _decide(engine, state, grad_sq_norms=norms, loss=loss,
+                       lr_multiplier=None, grads_finite=jnp.array(True))
+    after = jax.lax.cond(decision.take_step, lambda: decision.stepped, lambda: decision.idle)
+    taken = (after.count > state.count).astype(jnp.int32)
+    return after, examples + taken * state.batch_size
+
+  def going(carry):
+    state, _ = carry
+    return (state.progress < engine.base_steps) & ~state.watch.gave_up
+
+  return jax.lax.while_loop(going, step, (_init_state(engine, None), jnp.zeros((), jnp.int32)))
 
 
 def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps, warmup_steps,
