@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -125,3 +126,24 @@ def test_replay_refuses_what_adaptive_refuses():
   with pytest.raises(ValueError, match="rules_off"):
     date.replay([], SCHEDULE, **dict(SETTINGS, rules_off=("no_such_rule",)))
   assert date.replay([], SCHEDULE, **SETTINGS) == []
+
+
+# --- Recorded runs (scripts/record_engine_runs.py) ---------------------------------------------
+
+RECORDED = pathlib.Path(__file__).parent / "data" / "engine_runs"
+# What each recorded run shows the engine doing: the phases it must pass through.
+SHOWS = {"plateau": {"warmup", "plateau", "learning", "done"},
+         "bump": {"learning", "hold", "done"},
+         "spike": {"learning", "done"},
+         "divergence": {"diverged", "gave_up"}}
+
+
+@pytest.mark.parametrize("name", sorted(SHOWS))
+def test_a_recorded_trainer_run_replays_bit_for_bit(name):
+  from dateopt.train import engine_log  # the train extra: the recorded runs' own reader
+  report = engine_log.replay_run(RECORDED / name)
+  assert report.exact, report.first_mismatch
+  assert SHOWS[name] <= {d["phase"] for d in report.replayed}
+  if name == "spike":  # the gradient x1000 at step 50: skipped, nothing credited
+    assert report.replayed[49]["count"] == report.replayed[48]["count"]
+    assert report.replayed[49]["progress"] == report.replayed[48]["progress"]

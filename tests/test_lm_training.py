@@ -4,8 +4,10 @@ Every run is the tiny preset on a small corpus of plain-text files written here
 (`text_files`), on the 8 simulated devices.
 """
 
+import csv
 import json
 import math
+import os
 import shutil
 
 import jax
@@ -182,5 +184,21 @@ def test_a_study_cell_of_a_language_model_reports_its_loss_and_tokens(corpus, tm
   assert row["final_bits_per_byte"] == pytest.approx(final["eval/loss"] / math.log(2))
   assert row["tokens"] == row["examples"] * SEQ_LEN == 20 * 16 * SEQ_LEN
   assert row["eval_loss"] == [r["eval/loss"] for r in rows if "eval/loss" in r]
+  assert row["eval_tokens"] == [r["eval/tokens_seen"] for r in rows if "eval/loss" in r]
+  assert row["eval_tokens"][-1] == row["tokens"]
   summary = study.summarize([row])
   assert "| baseline (B0) | 16 (1x) | 1 |" in study.language_model_report(summary)
+  # A text workload's figures are of its loss, against batch, steps and tokens; its CSV row
+  # has the loss, bits per byte and tokens.
+  from dateopt.study import figures  # pylint: disable=import-outside-toplevel
+  assert os.path.getsize(figures.plot_loss_vs_batch(summary, str(tmp_path / "loss.png"))) > 0
+  grown = dict(row, key="lm/adaptive_grow/4x/seed0", strategy="adaptive_grow", multiple=4,
+               eval_tokens=[])  # a grown row without its tokens: on the steps panel only
+  assert figures._tokens_at_evals(grown) is None  # pylint: disable=protected-access
+  assert figures._tokens_at_evals(dict(row, eval_tokens=[])) == pytest.approx(  # pylint: disable=protected-access
+      row["eval_tokens"])  # a fixed batch: steps × its tokens a step
+  assert os.path.getsize(figures.plot_loss_curves([row, grown], str(tmp_path / "c.png"))) > 0
+  study.write_csv([row], str(tmp_path / "results.csv"))
+  written = next(csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8")))
+  assert float(written["final_loss"]) == pytest.approx(row["final_loss"])
+  assert int(written["tokens"]) == row["tokens"]

@@ -11,6 +11,9 @@ reports them all).
   python -m dateopt.study                        # both workloads, the full grid
   python -m dateopt.study --workload lstm --quick --outdir runs/study_quick
   python -m dateopt.study --report-only          # tables and plots from cells.jsonl
+  python -m dateopt.study --workload lm --multiples 8,16,32,64 --static-seeds 3 \
+      --strategies baseline,adaptive,adaptive_grow,legw --outdir runs/lm_scaling
+                                                 # the Transformer LM's grid, 3 seeds each
   python -m dateopt.study --compare --workload lstm --outdir docs/schedule_study
                                                  # DATE against the field's batch schedules
   python -m dateopt.study --ablate all --workload lstm --outdir runs/schedule_study
@@ -55,6 +58,8 @@ def parse_args(argv=None):
   parser.add_argument("--multiples", default="1,2,4,8,16,32,64")
   parser.add_argument("--seeds", type=int, default=3,
                       help="how many seeds the baseline and DATE run: 0, 1, ..., N-1")
+  parser.add_argument("--static-seeds", type=int, default=1,
+                      help="how many seeds the static rules (and LEGW at DATE's steps) run")
   parser.add_argument("--strategies", default=None,
                       help="comma-separated subset of the grid's strategies (default: all)")
   parser.add_argument("--rerun", default="",
@@ -180,17 +185,11 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
     f.write(text + "\n")
   for workload in sorted({e["workload"] for e in summary}):
     entries = [e for e in summary if e["workload"] == workload]
+    paths = _quality_figures(entries, [r for r in rows if r["workload"] == workload], outdir)
     noise = next(e["noise_scale_median"] for e in entries if e["strategy"] == "baseline")
-    paths = [
-        figures.plot_accuracy_vs_batch(entries, os.path.join(outdir, f"{workload}_accuracy.png"),
-                                     title=f"{workload}: accuracy vs batch"),
-        figures.plot_steps_to_target(entries, os.path.join(outdir, f"{workload}_steps.png"),
-                                   noise_scale=noise,
-                                   title=f"{workload}: steps to the baseline's accuracy − 1 point"),
-        figures.plot_steps_vs_examples(entries, os.path.join(outdir, f"{workload}_tradeoff.png"),
-                                     noise_scale=noise,
-                                     title=f"{workload}: DATE's steps/examples trade-off"),
-    ]
+    paths.append(figures.plot_steps_vs_examples(
+        entries, os.path.join(outdir, f"{workload}_tradeoff.png"), noise_scale=noise,
+        title=f"{workload}: DATE's steps/examples trade-off"))
     if any(r["strategy"] == "adaptive_grow" for r in rows if r["workload"] == workload):
       paths.append(figures.plot_growth_pareto(
           [r for r in rows if r["workload"] == workload],
@@ -198,6 +197,23 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
           title=f"{workload}: DATE's steps against examples, fixed and grown batches"))
     _copy_figures(paths, copy_to, prefix="study_")
   return text
+
+
+def _quality_figures(entries, rows, outdir: str) -> list[str]:
+  """A classifier's accuracy against batch and steps to the baseline's accuracy − 1 point; a
+  language model's validation loss against batch, and its curves against steps and tokens."""
+  workload = entries[0]["workload"]
+  path = lambda name: os.path.join(outdir, f"{workload}_{name}.png")
+  if any("loss" in e for e in entries):
+    return [figures.plot_loss_vs_batch(entries, path("loss"),
+                                       title=f"{workload}: validation loss vs batch"),
+            figures.plot_loss_curves(rows, path("curves"), title=(
+                f"{workload}: validation loss against steps and tokens (seed 0)"))]
+  noise = next(e["noise_scale_median"] for e in entries if e["strategy"] == "baseline")
+  return [figures.plot_accuracy_vs_batch(entries, path("accuracy"),
+                                         title=f"{workload}: accuracy vs batch"),
+          figures.plot_steps_to_target(entries, path("steps"), noise_scale=noise, title=(
+              f"{workload}: steps to the baseline's accuracy − 1 point"))]
 
 
 def _copy_figures(paths, copy_to: str | None, *, prefix: str) -> None:
@@ -335,7 +351,8 @@ def main(argv=None):
     return 0
   if not args.report_only:
     strategies = args.strategies.split(",") if args.strategies else cells.DEFAULT_STRATEGIES
-    todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies)
+    todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies,
+                      static_seeds=tuple(range(max(args.static_seeds, 1))))
     runner.run(todo, progress=not args.no_progress)
   text = report(report_study(args, runner), args.outdir, args.figures)
   print("\n" + text)

@@ -66,7 +66,8 @@ BAR_TOLERANCE = 1.0  # accuracy points: "the baseline's accuracy" (the study's a
 
 CSV_COLUMNS = ("workload", "batch", "multiple", "strategy", "seed", "steps", "examples",
                "epochs", "predicted_steps", "final_accuracy", "best_accuracy",
-               "steps_to_target", "wall_seconds", "guard_skipped", "guard_lr_multiplier")
+               "steps_to_target", "wall_seconds", "guard_skipped", "guard_lr_multiplier",
+               "final_loss", "final_bits_per_byte", "tokens")  # the last three: text only
 
 
 
@@ -370,10 +371,12 @@ def _lr_and_trend(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def language_model_row(result, metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   """A text workload's row fields: the final validation loss (nats), bits per byte where a
-  token is a byte, the tokens trained on, and the validation loss curve; {} for a classifier."""
+  token is a byte, the tokens trained on, and the validation loss curve with the tokens seen
+  at each of its points; {} for a classifier."""
   if result.tokens is None:
     return {}
   _, eval_loss = metric_curve(metric_rows, "eval/loss")
+  eval_tokens, _ = metric_curve(metric_rows, "eval/loss", x="eval/tokens_seen")
   return {"final_loss": float(result.eval_metrics["loss"]),
           "final_bits_per_byte": float(result.eval_metrics.get("bits_per_byte", math.nan)),
-          "tokens": result.tokens, "eval_loss": eval_loss}
+          "tokens": result.tokens, "eval_loss": eval_loss, "eval_tokens": eval_tokens}

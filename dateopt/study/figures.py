@@ -100,6 +100,85 @@ def plot_accuracy_vs_batch(summary: Sequence[Mapping], path: str, *,
   return _save(fig, axes[0], path, title)
 
 
+def plot_loss_vs_batch(summary: Sequence[Mapping], path: str, *,
+                       title: str | None = None) -> str:
+  """A language model's final validation loss (nats, mean ± std over seeds) against batch
+  size, one line per strategy, with the band within 1% of the baseline's loss.
+
+  Example:
+    >>> plot_loss_vs_batch(study.summarize(rows), "lm_loss.png")
+  """
+  plt = pyplot()
+  fig, ax = plt.subplots(figsize=(7.5, 4.6), dpi=120)
+  for strategy, entries in _by_strategy(summary, "loss").items():
+    ax.errorbar([e["batch"] for e in entries], [e["loss"] for e in entries],
+                yerr=[e["loss_std"] for e in entries], marker="o", markersize=3.5, capsize=2,
+                linewidth=1.3, label=STRATEGIES[strategy])
+  baseline = next((e for e in summary if e["strategy"] == "baseline" and "loss" in e), None)
+  if baseline is not None:
+    ax.axhspan(baseline["loss"] * 0.97, baseline["loss"] * 1.01, color="grey", alpha=0.15,
+               label="at most 1% above the baseline's loss")
+  _batch_axis(ax, summary)
+  ax.set_ylabel("final validation loss (nats per byte)")
+  return _save(fig, ax, path, title)
+
+
+def plot_loss_curves(rows: Sequence[Mapping], path: str, *, seed: int = 0,
+                     title: str | None = None) -> str:
+  """A language model's validation loss against optimizer steps (left) and tokens seen
+  (right): the baseline and each DATE cell of one seed, so that steps saved and tokens paid
+  read off the same curves.
+
+  Example:
+    >>> plot_loss_curves(rows, "lm_curves.png")
+  """
+  plt = pyplot()
+  fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), dpi=120)
+  shown = sorted((r for r in rows if r["seed"] == seed and r.get("eval_loss")
+                  and r["strategy"] in ("baseline", "adaptive", "adaptive_grow")
+                  and not r.get("setting")),
+                 key=lambda r: (list(STRATEGIES).index(r["strategy"]), r["multiple"]))
+  for row in shown:
+    points = [(s, v) for s, v in zip(row["eval_steps"], row["eval_loss"]) if v is not None]
+    if not points:
+      continue
+    steps, losses = zip(*points)
+    label = (STRATEGIES[row["strategy"]] if row["strategy"] == "baseline"
+             else f"{STRATEGIES[row['strategy']]}, {row['multiple']}x")
+    style = dict(linestyle="--" if row["strategy"] == "adaptive" else "-", linewidth=1.2,
+                 marker=".", markersize=3)
+    axes[0].plot(steps, losses, label=label, **style)
+    tokens = _tokens_at_evals(row)
+    if tokens is not None:
+      axes[1].plot(tokens, losses, label=label, **style)
+  # The first evaluations of a large batch sit far above the rest: the axis shows from the
+  # lowest loss to a quarter above the baseline's first.
+  baseline = [v for r in shown if r["strategy"] == "baseline" for v in r["eval_loss"][:1]]
+  lowest = min((v for r in shown for v in r["eval_loss"] if v is not None), default=None)
+  for ax, xlabel in zip(axes, ("optimizer step", "tokens seen")):
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation loss (nats per byte)")
+    ax.grid(True, which="both", alpha=0.3)
+    if baseline and lowest is not None:
+      ax.set_ylim(0.95 * lowest, 1.25 * baseline[0])
+  axes[1].legend(fontsize=7)
+  return _save(fig, axes[0], path, title)
+
+
+def _tokens_at_evals(row: Mapping) -> list[float] | None:
+  """The tokens a run had seen at each evaluation: as recorded (`eval_tokens`), or, for a
+  batch that never changed, its steps × its tokens a step; None for a grown run's row
+  recorded without them."""
+  recorded = row.get("eval_tokens")
+  if recorded and len(recorded) == len(row["eval_loss"]):
+    return recorded
+  if row["largest_batch"] != row["batch"] or row["strategy"] == "adaptive_grow":
+    return None
+  tokens_a_step = row["tokens"] / row["steps"]
+  return [s * tokens_a_step for s, v in zip(row["eval_steps"], row["eval_loss"]) if v is not None]
+
+
 def plot_steps_to_target(summary: Sequence[Mapping], path: str, *, noise_scale: float,
                          title: str | None = None) -> str:
   """Steps to the target (the baseline's mean accuracy less 1 point, `study.baseline_target`)

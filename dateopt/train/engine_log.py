@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import math
 import os
@@ -111,16 +112,24 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
     raise FileNotFoundError(f"{root / recipe_record.RECIPE_FILE} records no adaptive engine "
                             f"(a static or scheduled run, or one written before the engine "
                             f"settings were recorded): nothing to replay.")
-  path = root / ENGINE_FILE
-  if not path.exists():
-    raise FileNotFoundError(f"{path} does not exist: the run recorded no engine steps.")
-  rows = [row for _, row in metrics_io.parsed_rows(path)]
+  rows = _engine_rows(root)
   schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
   settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
   replayed = progress_lib.replay(rows, schedule, **settings)
   first = next(((int(row["step"]), diff) for row, again in zip(rows, replayed)
                 if (diff := _differences(row, again))), None)
   return ReplayReport(len(rows), first is None, first, replayed)
+
+
+def _engine_rows(root) -> list[dict[str, Any]]:
+  """`engine.jsonl`'s rows, or those of a kept `engine.jsonl.gz` (tests/data/engine_runs)."""
+  path, packed = root / ENGINE_FILE, root / (ENGINE_FILE + ".gz")
+  if not path.exists() and packed.exists():
+    with gzip.open(packed, "rt", encoding="utf-8") as f:
+      return [json.loads(line) for line in f if line.strip()]
+  if not path.exists():
+    raise FileNotFoundError(f"{path} does not exist: the run recorded no engine steps.")
+  return [row for _, row in metrics_io.parsed_rows(path)]
 
 
 def _differences(recorded: Mapping[str, Any], replayed: Mapping[str, Any]
