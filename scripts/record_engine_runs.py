@@ -2,11 +2,12 @@
 each showing one of DATE's phases at work, kept as their `recipe.json` and a gzipped
 `engine.jsonl` under tests/data/engine_runs/<name>/.
 
-- plateau: the study's Transformer LM grown to 64x (seed 0): ~600 baseline steps on the
-  byte-level plateau, then the climb (`dateopt/configs/study_lm_shakespeare.py`);
-- bump: the study LSTM grown to 64x (seed 0), whose loss rises for a while mid-run (holds);
+- plateau: the study LSTM grown to 64x (seed 0), on the chance plateau for its first steps;
+- lm_climb: the study's Transformer LM grown to 64x (seed 0), its batch climbing from 4 to 128
+  (`dateopt/configs/study_lm_shakespeare.py`);
 - spike: the main job's LSTM with its gradient multiplied by 1,000 at step 50, a jump the
-  engine skips (`scripts/divergence_evidence.py`'s `main_job_explode_at_50`);
+  engine skips; its loss rises for a while later (a hold) (`scripts/divergence_evidence.py`'s
+  `main_job_explode_at_50`);
 - divergence: the main job's LSTM at 1,000x its LR, which the watch stops
   (`main_job_lr_x1000`).
 
@@ -43,7 +44,7 @@ def recorded_runs() -> list[evidence.Run]:
   lstm = evidence._adaptive(evidence.STUDY["lstm"], 64)  # pylint: disable=protected-access
   for config in (lm, lstm):
     config.plan = dict(config.plan.to_dict(), grow_batch=True)
-  return [evidence.Run("plateau", lm), evidence.Run("bump", lstm),
+  return [evidence.Run("plateau", lstm), evidence.Run("lm_climb", lm),
           diverged["main_job_explode_at_50"]._replace(name="spike"),
           diverged["main_job_lr_x1000"]._replace(name="divergence")]
 

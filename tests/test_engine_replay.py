@@ -133,8 +133,8 @@ def test_replay_refuses_what_adaptive_refuses():
 RECORDED = pathlib.Path(__file__).parent / "data" / "engine_runs"
 # What each recorded run shows the engine doing: the phases it must pass through.
 SHOWS = {"plateau": {"warmup", "plateau", "learning", "done"},
-         "bump": {"learning", "hold", "done"},
-         "spike": {"learning", "done"},
+         "lm_climb": {"warmup", "learning", "done"},
+         "spike": {"plateau", "learning", "hold", "done"},
          "divergence": {"diverged", "gave_up"}}
 
 
@@ -147,3 +147,19 @@ def test_a_recorded_trainer_run_replays_bit_for_bit(name):
   if name == "spike":  # the gradient x1000 at step 50: skipped, nothing credited
     assert report.replayed[49]["count"] == report.replayed[48]["count"]
     assert report.replayed[49]["progress"] == report.replayed[48]["progress"]
+  if name == "lm_climb":  # the batch climbed from the LM's B0 = 4 windows
+    assert [d["batch_size"] for d in report.replayed][::100][0] == 4
+    assert max(d["batch_size"] for d in report.replayed) >= 64
+
+
+def test_the_rung_table_groups_the_steps_by_the_batch_each_had(run):
+  from dateopt.train import engine_log  # the train extra
+  settings, observations, decisions = run
+  replayed = date.replay(observations, SCHEDULE, **settings)
+  rows = engine_log.rung_table(replayed).splitlines()[2:]
+  batches = [int(row.split("|")[1].replace(",", "")) for row in rows]
+  steps = [int(row.split("|")[3]) for row in rows]
+  # Each step's batch is the one the step before asked for (the observation says it too).
+  had = [o["big_batch"] for o in observations]
+  assert batches == list(dict.fromkeys(had)) and sum(steps) == len(observations)
+  assert steps == [had.count(b) for b in batches]

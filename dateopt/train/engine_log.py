@@ -25,7 +25,7 @@ import gzip
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -143,13 +143,51 @@ def _differences(recorded: Mapping[str, Any], replayed: Mapping[str, Any]
                       else progress_lib.PHASES.index(replayed[name]))}
 
 
+def rung_table(replayed: Sequence[Mapping[str, Any]]) -> str:
+  """The engine's steps grouped by the batch each had, as a Markdown table: where each rung
+  began, its steps, the progress it covered, and the gain, LR and phases it went through.
+
+  `replayed` is `replay_run(...).replayed` (or `date.replay`'s list): each step's batch is
+  the one the step before asked for (the first rung at the first step).
+  """
+  lines = ["| batch | from step | steps | progress (baseline steps) | gain | LR | phases |",
+           "|---:|---:|---:|---|---|---|---|"]
+  batch, group = None, []
+
+  def flush():
+    if group:
+      first, last = group[0], group[-1]
+      gains = [d["gain"] for _, d in group]
+      lrs = [d["learning_rate"] for _, d in group]
+      phases = ", ".join(dict.fromkeys(d["phase"] for _, d in group))
+      lines.append(f"| {batch:,} | {first[0]} | {len(group)} | {first[1]['progress']:,.0f} → "
+                   f"{last[1]['progress']:,.0f} | {min(gains):.3g} – {max(gains):.3g} "
+                   f"| {min(lrs):.3g} – {max(lrs):.3g} | {phases} |")
+
+  asked = replayed[0]["batch_size"] if replayed else None
+  for step, decided in enumerate(replayed, start=1):
+    if asked != batch:
+      flush()
+      batch, group = asked, []
+    group.append((step, decided))
+    asked = decided["batch_size"]
+  flush()
+  return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-  """`dateopt-replay WORKDIR`: `replay_run`'s answer in a line; status 0 when exact, else 1."""
+  """`dateopt-replay WORKDIR [--rungs]`: `replay_run`'s answer in a line (status 0 when exact,
+  else 1), and with `--rungs` the table of what the engine did at each batch (`rung_table`)."""
   parser = argparse.ArgumentParser(
       prog="dateopt-replay", description="Re-runs DATE's engine on an adaptive run's recorded "
       "readings and compares its decisions with the recorded ones.")
   parser.add_argument("workdir")
-  report = replay_run(parser.parse_args(argv).workdir)
+  parser.add_argument("--rungs", action="store_true",
+                      help="also print the gain, LR, progress and phases at each batch")
+  args = parser.parse_args(argv)
+  report = replay_run(args.workdir)
+  if args.rungs:
+    print(rung_table(report.replayed) + "\n")
   if report.exact:
     print(f"{report.steps} steps replayed: every decision (phase, gain, progress, batch) "
           f"the same, bit for bit.")
