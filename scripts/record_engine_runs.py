@@ -5,6 +5,8 @@ each showing one of DATE's phases at work, kept as their `recipe.json` and a gzi
 - plateau: the study LSTM grown to 64x (seed 0), on the chance plateau for its first steps;
 - lm_climb: the study's Transformer LM grown to 64x (seed 0), its batch climbing from 4 to 128
   (`dateopt/configs/study_lm_shakespeare.py`);
+- resnet_climb: the study ResNet (LARS, `dateopt/configs/study_mnist1d_resnet.py`) grown to
+  64x (seed 0);
 - spike: the main job's LSTM with its gradient multiplied by 1,000 at step 50, a jump the
   engine skips; its loss rises for a while later (a hold) (`scripts/divergence_evidence.py`'s
   `main_job_explode_at_50`);
@@ -13,7 +15,7 @@ each showing one of DATE's phases at work, kept as their `recipe.json` and a gzi
 
 The test replays each with `dateopt.train.replay_run` and asks for every decision bit for bit:
 a change to the engine that changes what it decides on any of them shows up there. After
-such a change on purpose, record them again (about 15 minutes on 2 cores):
+such a change on purpose, record them again (about 20 minutes on 2 cores):
 
   python scripts/record_engine_runs.py [--only NAME] [--workdir runs/engine_runs]
 """
@@ -42,9 +44,11 @@ def recorded_runs() -> list[evidence.Run]:
   diverged = {spec.name: spec for spec in evidence.diverged_runs()}
   lm = evidence._adaptive("dateopt/configs/study_lm_shakespeare.py", 64)  # pylint: disable=protected-access
   lstm = evidence._adaptive(evidence.STUDY["lstm"], 64)  # pylint: disable=protected-access
-  for config in (lm, lstm):
+  resnet = evidence._adaptive(evidence.STUDY["resnet"], 64)  # pylint: disable=protected-access
+  for config in (lm, lstm, resnet):
     config.plan = dict(config.plan.to_dict(), grow_batch=True)
   return [evidence.Run("plateau", lstm), evidence.Run("lm_climb", lm),
+          evidence.Run("resnet_climb", resnet),
           diverged["main_job_explode_at_50"]._replace(name="spike"),
           diverged["main_job_lr_x1000"]._replace(name="divergence")]
 

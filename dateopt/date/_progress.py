@@ -665,7 +665,6 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
   noise, jump = _measure(state.noise, grad_sq_norms, steady & grads_finite,
                          noise_decay=engine.noise_decay, signal_decay=engine.signal_decay,
                          rules_off=engine.off, watched=engine.divergence_patience is not None)
-  skip = jump | ~grads_finite
   step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
   learnt = has_learnt(watch) if watching else None  # static: only the watch knows
@@ -677,35 +676,52 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
       jnp.maximum(state.progress, float(engine.warmup_steps)))
   # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
   lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
-  # Progress credits the share of the LR the step applied, and nothing while diverged.
+  next_batch = _next_batch(engine, state, watch, state.count + 1, noise, read, cap, learnt,
+                           steady=steady, watching=watching)
+  stepped = _stepped(state, watch, noise, ramp=ramp, gain=gain, cap=cap,
+                     step_batch=step_batch, next_batch=next_batch, lr_multiplier=lr_multiplier,
+                     healthy=healthy, held=steady & (gain < measured))
+  seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size)
+  skip = jump | ~grads_finite
+  take_step = ~((state.progress >= engine.base_steps) | watch.gave_up | skip)
+  return _Decision(*_fenced(take_step, lr), k, *_fenced(lr_factor, *_outcomes(
+      engine, state, stepped, watch, noise, skip, seen)))
+
+
+def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, cap, step_batch, next_batch,
+             lr_multiplier, healthy, held) -> AdaptiveState:
+  """The engine after a step taken: the progress credited the share of the LR it applied
+  (nothing while diverged), its gain and batch, and `held` counted (the trust rules, not the
+  loss, kept the gain below the measured one)."""
   applied = watch.lr_scale if lr_multiplier is None else watch.lr_scale * lr_multiplier
   # The credit's share goes into the gain, not onto the sum: `progress + ramp · gain`
   # keeps the rounding (XLA's fused multiply-add) of an engine without it, bit for bit.
   credited = jnp.where(healthy, jnp.where(applied == 1.0, gain, gain * applied), 0.0)
-  count = state.count + 1
-  next_batch = _next_batch(engine, state, watch, count, noise, read, cap, learnt,
-                           steady=steady, watching=watching)
-  held = steady & (gain < measured)  # the trust rules, not the loss, kept it lower
-  seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size)
-  finish = lambda after, update_finite: after._replace(
-      phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps),
-      observation=seen._replace(update_finite=update_finite))
-  stepped = AdaptiveState(
-      state.inner_state, state.progress + ramp * credited, count, noise, next_batch, gain,
-      jnp.asarray(step_batch, jnp.int32),
-      watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap,
-      state.phase, seen)
+  return AdaptiveState(
+      state.inner_state, state.progress + ramp * credited, state.count + 1, noise, next_batch,
+      gain, jnp.asarray(step_batch, jnp.int32),
+      watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap, state.phase,
+      state.observation)
 
-  def idle(skipped):  # the schedule is covered, the run gave up, or the step was skipped
+
+def _outcomes(engine: _Engine, state: AdaptiveState, stepped: AdaptiveState, watch, noise,
+              skip, seen: Observation) -> tuple[AdaptiveState, AdaptiveState, AdaptiveState]:
+  """(stepped, idle, rejected): the engine after the step taken, not taken (`skip`, done or
+  given up: the noise EMAs and the watch move on, a skipped step counts toward the
+  patience), and taken but its update not finite (a skipped step); each with its phase and
+  what the step showed it."""
+  def idle(skipped):
     counted = (watch if engine.divergence_patience is None  # static: no watch, no count
                else count_gradient_jump(watch, skipped, patience=engine.divergence_patience))
     return state._replace(noise=noise, watch=counted)
 
-  take_step, lr, lr_factor, *outcomes = _fenced(
-      ~((state.progress >= engine.base_steps) | watch.gave_up | skip), lr, lr_factor,
-      finish(stepped, jnp.array(True)), finish(idle(skip), jnp.array(True)),
-      finish(idle(jnp.array(True)), jnp.array(False)))
-  return _Decision(take_step, lr, k, lr_factor, *outcomes)
+  def finish(after, update_finite):
+    return after._replace(
+        phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps),
+        observation=seen._replace(update_finite=update_finite))
+
+  return (finish(stepped, jnp.array(True)), finish(idle(skip), jnp.array(True)),
+          finish(idle(jnp.array(True)), jnp.array(False)))
 
 
 def _fenced(*values):
