@@ -105,11 +105,21 @@ def _report(result) -> None:
                             "batch_size": result.recipe.batch_size, "steps": result.steps,
                             "predicted_steps": result.predicted_steps,
                             "examples": result.examples,
-                            **({} if result.tokens is None else {"tokens": result.tokens})})
+                            **({} if result.tokens is None else {
+                                "tokens": result.tokens,
+                                "tokens_per_second": _tokens_per_second(result)})})
     print("final:", json.dumps(summary, allow_nan=False))
     from dateopt.train import workdirs
     final = workdirs.as_path(FLAGS.workdir) / "final_metrics.json"  # local or gs://
     final.write_text(json.dumps(summary, indent=2, allow_nan=False), encoding="utf-8")
+
+
+def _tokens_per_second(result) -> float | None:
+  """The run's tokens over its train time (its steps / steps_per_second); None where the run
+  was too short to time."""
+  if result.steps_per_second is None or not result.steps:
+    return None
+  return result.tokens * result.steps_per_second / result.steps
 
 
 def parse_flags(argv: list[str]) -> list[str]:

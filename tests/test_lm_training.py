@@ -202,3 +202,29 @@ def test_a_study_cell_of_a_language_model_reports_its_loss_and_tokens(corpus, tm
   written = next(csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8")))
   assert float(written["final_loss"]) == pytest.approx(row["final_loss"])
   assert int(written["tokens"]) == row["tokens"]
+
+
+def test_the_packaged_lm_config_runs_from_the_command_line(corpus, tmp_path):
+  """`dateopt-train --config lm_shakespeare`, its corpus and model shrunk by overrides: the
+  final line has the validation loss, bits per byte, tokens and tokens per second."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  workdir = tmp_path / "run"
+  cmd = [sys.executable, "-m", "dateopt.cli", "--config", "lm_shakespeare",
+         "--workdir", str(workdir), "--config.dataset=text_files", f"--config.data_dir={corpus}",
+         f"--config.dataset_kwargs.seq_len={SEQ_LEN}", "--config.dataset_kwargs.eval_windows=16",
+         "--config.model_kwargs.preset=tiny", "--config.num_train_steps=6",
+         "--config.eval_every_steps=0", "--config.eval_batch_size=16",
+         "--config.log_every_steps=2",
+         "--config.checkpoint_every_steps=-1", "--config.progress_bar=False"]
+  # One device, as a laptop has (the suite's 8 simulated ones do not divide batch 4).
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+  assert out.returncode == 0, out.stderr[-2000:]
+  final = json.loads(next(line for line in out.stdout.splitlines()
+                          if line.startswith("final:"))[len("final:"):])
+  assert final["steps"] == 6 and final["tokens"] == 6 * 4 * SEQ_LEN  # batch 4 windows
+  assert final["eval"]["bits_per_byte"] == pytest.approx(final["eval"]["loss"] / math.log(2))
+  assert final["tokens_per_second"] == pytest.approx(
+      final["tokens"] * final["steps_per_second"] / final["steps"])
+  assert json.loads((workdir / "final_metrics.json").read_text()) == final
