@@ -337,7 +337,8 @@ def test_a_profile_logged_at_the_largest_batch_plays_as_logged():
 
 def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_steps):
   """A plain optax loop through `date.adaptive`, fed the readings `predicted_budget` describes
-  (tr Σ = 1, |G|² = 1/B_noise at the progress, the batch trend × (B/B0)^α): the second path."""
+  (tr Σ/|G|² = B_noise at the progress × the batch trend (B/B0)^α, tr Σ + |G|² = 1): the
+  second path."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                      optax.constant_schedule(0.1), base_batch_size=32, batch_size=ladder[-1],
                      base_steps=base_steps, warmup_steps=warmup_steps,
@@ -347,8 +348,9 @@ def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_s
   state = tx.init(params)
 
   @jax.jit
-  def step(state, signal, batch, loss):
-    norms = date.GradientSqNorms(signal + 1.0, signal + 1.0 / batch, 1, batch)
+  def step(state, noise, batch, loss):
+    trace, signal = noise / (1.0 + noise), 1.0 / (1.0 + noise)
+    norms = date.GradientSqNorms(signal + trace, signal + trace / batch, 1, batch)
     return tx.update({"w": jnp.ones(2)}, state, params, grad_sq_norms=norms, value=loss)[1]
 
   steps = examples = 0
@@ -359,7 +361,7 @@ def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_s
     loss = None if losses is None else float(np.interp(progress / base_steps,
                                                         np.linspace(0, 1, len(losses)), losses))
     count = int(state.count)
-    state = step(state, jnp.float32(1.0 / noise), batch, loss)
+    state = step(state, jnp.float32(noise), batch, loss)
     steps, examples = steps + (int(state.count) > count), examples + batch * (int(state.count) > count)
   return steps, examples, int(state.batch_size)
 

@@ -159,7 +159,57 @@ def test_the_rung_table_groups_the_steps_by_the_batch_each_had(run):
   rows = engine_log.rung_table(replayed).splitlines()[2:]
   batches = [int(row.split("|")[1].replace(",", "")) for row in rows]
   steps = [int(row.split("|")[3]) for row in rows]
-  # Each step's batch is the one the step before asked for (the observation says it too).
-  had = [o["big_batch"] for o in observations]
+  had = [o["big_batch"] for o in observations]  # the batch each step had
   assert batches == list(dict.fromkeys(had)) and sum(steps) == len(observations)
   assert steps == [had.count(b) for b in batches]
+
+
+def test_a_step_the_guard_outside_rejects_never_reaches_the_engine_and_replays():
+  """`divergence_guard(adaptive(...))`: a NaN loss and a loss spike are rejected by the guard
+  before the engine reads them; the engine's state, and its `seen` count, stay as they were,
+  and the replay passes over those rows."""
+  rng = np.random.default_rng(3)
+  settings = dict(SETTINGS, base_steps=600)
+  tx = date.divergence_guard(date.adaptive(
+      lambda learning_rate: optax.adamw(learning_rate, weight_decay=0.1), SCHEDULE, **settings))
+  params = {"w": jnp.ones(4)}
+  state = tx.init(params)
+
+  @jax.jit
+  def step(state, grads, small, big, loss):
+    norms = date.GradientSqNorms(small, big, 4, 256)
+    return tx.update({"w": grads}, state, params, grad_sq_norms=norms, value=loss)[1]
+
+  observations, decisions, rejected = [], [], []
+  for t in range(120):
+    loss = float("nan") if t in (50, 51) else (40.0 if t == 70 else 2.3 * math.exp(-t / 60))
+    skipped = int(optax.tree.get(state, "DivergenceGuardState").num_skipped)
+    state = step(state, jnp.asarray(rng.normal(size=4), jnp.float32),
+                 jnp.float32(5.0 + 10 * rng.random()), jnp.float32(1.0 + rng.random()),
+                 jnp.float32(loss))
+    rejected.append(int(optax.tree.get(state, "DivergenceGuardState").num_skipped) > skipped)
+    engine = optax.tree.get(state, "AdaptiveState")
+    observations.append(jax.tree.map(lambda x: x.item(), engine.observation._asdict()))
+    decisions.append(progress_lib.decisions(engine))
+  seen = [o["seen"] for o in observations]
+  assert rejected[50] and rejected[51]  # the NaN losses at least
+  # A step the guard rejected was never read: the count stands; every other one moves it.
+  assert [b - a for a, b in zip([0] + seen, seen)] == [int(not r) for r in rejected]
+  assert _same(decisions, [{k: d[k] for k in decisions[0]}
+                           for d in date.replay(observations, SCHEDULE, **settings)]) is None
+
+
+def test_a_replay_needs_every_step_from_the_first(tmp_path):
+  import gzip  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  from dateopt.train import engine_log  # the train extra
+  shutil.copy(RECORDED / "divergence" / "recipe.json", tmp_path / "recipe.json")
+  with gzip.open(RECORDED / "divergence" / "engine.jsonl.gz", "rt") as f:
+    lines = f.read().splitlines()
+  (tmp_path / "engine.jsonl").write_text("\n".join(lines[4:]) + "\n")  # resumed elsewhere
+  with pytest.raises(ValueError, match="every step from 1, and step 5 comes where step 1"):
+    engine_log.replay_run(tmp_path)
+  (tmp_path / "engine.jsonl").write_text("")
+  with pytest.raises(ValueError, match="has no rows"):
+    engine_log.replay_run(tmp_path)
+  assert engine_log.main([str(tmp_path / "nowhere")]) == 2  # one line, status 2

@@ -6,7 +6,7 @@ import math
 import numbers
 import statistics
 import warnings
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from dateopt import schedules
 from dateopt.date import _adam_scaling as adam_rules
@@ -529,7 +529,7 @@ def plan_predicted_steps(recipe: Recipe, noise_scale: float | Sequence[float] | 
 
 
 def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], *,
-                          read_at_batch_size: int | None = None) -> dict[str, float]:
+                          read_at_batch_size: int | None = None) -> dict[str, Any]:
   """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch, the
   engine's steps played out on `noise_scale` (a number or a profile over the baseline's progress,
   as a run at the baseline's batch reads it, or at `read_at_batch_size`; read × (B/B0)^α at

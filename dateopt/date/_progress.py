@@ -89,6 +89,7 @@ way `divergence_guard` takes `value=`.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -142,6 +143,9 @@ class Observation(NamedTuple):
     grads_finite: whether every gradient entry was finite.
     update_finite: whether the inner optimizer's update was finite (True on a
       step that made none).
+    seen: the steps the engine has read, this one included: a step a
+      `divergence_guard` outside it rejected never reached it, and leaves the
+      state, this count with it, as it was.
   """
 
   small_sq: jax.Array
@@ -152,6 +156,7 @@ class Observation(NamedTuple):
   lr_share: jax.Array
   grads_finite: jax.Array
   update_finite: jax.Array
+  seen: jax.Array
 
 
 class AdaptiveState(NamedTuple):
@@ -601,7 +606,8 @@ def _init_state(engine: _Engine, inner_state: Any) -> AdaptiveState:
   first_batch = jnp.asarray(engine.ladder[0] if engine.ladder else engine.batch_size, jnp.int32)
   nan = jnp.full((), jnp.nan, jnp.float32)
   nothing_seen = Observation(nan, nan, jnp.zeros((), jnp.int32), first_batch, nan,
-                             jnp.ones((), jnp.float32), jnp.array(True), jnp.array(True))
+                             jnp.ones((), jnp.float32), jnp.array(True), jnp.array(True),
+                             jnp.zeros((), jnp.int32))
   return AdaptiveState(inner_state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
                        init_noise_scale(), first_batch, jnp.ones((), jnp.float32), first_batch,
                        init_watch(), jnp.full((), jnp.inf, jnp.float32),
@@ -681,7 +687,8 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
   stepped = _stepped(state, watch, noise, ramp=ramp, gain=gain, cap=cap,
                      step_batch=step_batch, next_batch=next_batch, lr_multiplier=lr_multiplier,
                      healthy=healthy, held=steady & (gain < measured))
-  seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size)
+  seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size,
+                      state.observation.seen)
   skip = jump | ~grads_finite
   take_step = ~((state.progress >= engine.base_steps) | watch.gave_up | skip)
   return _Decision(*_fenced(take_step, lr), k, *_fenced(lr_factor, *_outcomes(
@@ -739,7 +746,8 @@ def _fenced(*values):
                for f, v in zip(fenced, values))
 
 
-def _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, asked_batch) -> Observation:
+def _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, asked_batch,
+                 seen_before) -> Observation:
   """A step's readings as an `Observation` (NaN, 0 or 1 where one is not given)."""
   nan = jnp.full((), jnp.nan, jnp.float32)
   f32 = lambda x: jnp.asarray(x, jnp.float32)
@@ -751,7 +759,7 @@ def _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, asked_batch) 
              jnp.asarray(grad_sq_norms.big_batch_size, jnp.int32))
   return Observation(*norms, nan if loss is None else f32(loss),
                      jnp.ones((), jnp.float32) if lr_multiplier is None else f32(lr_multiplier),
-                     jnp.asarray(grads_finite), jnp.array(True))
+                     jnp.asarray(grads_finite), jnp.array(True), seen_before + 1)
 
 
 def _step_batch(engine: _Engine, state: AdaptiveState, grad_sq_norms):
@@ -973,8 +981,10 @@ def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
   were finite. `replay` feeds a run's observations, in order, to the same code
   and returns what it decided after each: `DECISIONS` ("phase" by name of
   `PHASES`, "gain", "progress", "batch_size" asked of the next step, "count",
-  "gain_cap", "diverged_steps", "gave_up"), and "learning_rate", the LR it set
-  (or would have set, on a step it did not take). Given the settings the run
+  "gain_cap", "diverged_steps", "gave_up"), "learning_rate", the LR it set
+  (or would have set, on a step it did not take), and "step_batch", the batch
+  the step had. A step whose `seen` count is the last one's never reached the
+  engine (a guard outside it rejected the step): its decisions are the last. Given the settings the run
   had, it reproduces the run's decisions bit for bit (`dateopt.train.replay_run`
   checks a trainer's workdir); given others, it says what they would have
   decided on the same readings, up to the first step where the run would have
@@ -1007,6 +1017,11 @@ def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
   programs: dict[tuple, Callable] = {}
   decided = []
   for seen in observations:
+    if "seen" in seen and int(seen["seen"]) == int(state.observation.seen):
+      # A step the engine never read (a guard outside it rejected it): nothing changed.
+      decided.append(dict(decided[-1]) if decided else dict(
+          decisions(state), learning_rate=math.nan, step_batch=int(seen["big_batch"])))
+      continue
     sizes = (int(seen["small_batch"]), int(seen["big_batch"]), loss_given)
     if sizes not in programs:  # the batch sizes are static in a trained step: here too
       programs[sizes] = jax.jit(functools.partial(_replay_step, engine, *sizes))
@@ -1014,7 +1029,8 @@ def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
                 for name in ("small_sq", "big_sq", "loss", "lr_share")]
     state, lr = programs[sizes](state, *readings, jnp.bool_(seen["grads_finite"]),
                                 jnp.bool_(seen["update_finite"]))
-    decided.append(dict(decisions(state), learning_rate=float(lr)))
+    decided.append(dict(decisions(state), learning_rate=float(lr),
+                        step_batch=int(seen["big_batch"])))
   return decided
 
 
@@ -1056,7 +1072,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   number or a profile (values at equally spaced points of the baseline's
   progress, e.g. what the baseline logged). A step at rung B reads it
   × (B/B0)^α (α = `noise_batch_exponent`), the batch trend that `credited_noise`
-  credits up to the largest rung's, as tr Σ = 1 and |G|² = 1/B_noise, read exactly. So the
+  credits up to the largest rung's, as tr Σ/|G|² with tr Σ + |G|² = 1, read exactly. So the
   gain, its settling and rise bound, the LEGW ramp, the growth rule and the
   progress are the engine's, not a copy of them. `losses` (a profile over the
   baseline's progress from its start to its end, read between points by linear
@@ -1067,7 +1083,9 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
 
   Returns:
     {"steps", "examples", "examples_vs_baseline", "largest_batch_size", "phase"}:
-    "phase" is "done", or "gave_up" where the losses made the watch give up.
+    "phase" is "done", "gave_up" where the losses made the watch give up, or
+    "unfinished" where the run had not covered the baseline's steps in twice their
+    number (float32 progress stops growing past 2^24 baseline steps at gain 1).
 
   Example:
     >>> budget = predicted_budget(1000.0, base_batch_size=100, batch_sizes=(1000,),
@@ -1094,13 +1112,14 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
                    batch_sizes=ladder if len(ladder) > 1 else None, step_price=step_price,
                    noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
                    divergence_patience=None if losses is None else DIVERGENCE_PATIENCE)
-  state, examples = _play_out(engine, jnp.asarray(profile, jnp.float32), float(read_at),
-                              None if losses is None else jnp.asarray(losses, jnp.float32))
-  steps, examples = int(state.count), int(examples)
-  return {"steps": steps, "examples": examples,
+  state, rung_steps = _play_out(engine, jnp.asarray(profile, jnp.float32), float(read_at),
+                                None if losses is None else jnp.asarray(losses, jnp.float32))
+  examples = sum(int(n) * b for n, b in zip(rung_steps, ladder))  # Python ints: no overflow
+  ended = ("gave_up" if bool(state.watch.gave_up)
+           else "done" if float(state.progress) >= base_steps else "unfinished")
+  return {"steps": int(state.count), "examples": examples,
           "examples_vs_baseline": examples / (base_steps * base_batch_size),
-          "largest_batch_size": int(state.batch_size),
-          "phase": "gave_up" if bool(state.watch.gave_up) else "done"}
+          "largest_batch_size": int(state.batch_size), "phase": ended}
 
 
 def _UNIT_SCHEDULE(count):  # pylint: disable=invalid-name
@@ -1113,21 +1132,26 @@ def _UNIT_SCHEDULE(count):  # pylint: disable=invalid-name
 def _play_out(engine: _Engine, profile: jax.Array, read_at: float, losses: jax.Array | None
               ) -> tuple[AdaptiveState, jax.Array]:
   """The engine's steps over the readings `predicted_budget` describes, until its progress
-  covers the baseline's steps or it gives up: (its final state, the examples it took)."""
+  covers the baseline's steps, it gives up, or it has taken `_play_out_limit` steps: (its
+  final state, the steps it took at each rung of its ladder)."""
+  ladder = jnp.asarray(engine.ladder or (engine.batch_size,), jnp.int32)
+
   def reading_at(values, progress):
     point = (progress * len(values) / engine.base_steps).astype(jnp.int32)
     return values[jnp.minimum(point, len(values) - 1)]
 
   def step(carry):
-    state, examples = carry
+    state, rung_steps = carry
     batch = state.batch_size.astype(jnp.float32)
     noise = reading_at(profile, state.progress) * (batch / read_at) ** engine.noise_batch_exponent
-    # tr Σ = 1 and |G|² = 1/B_noise: a large reading is a small signal, as in a run (its
-    # EMA then averages the signal, and one huge reading weighs little).
-    signal = 1.0 / noise
+    # tr Σ + |G|² = 1 and tr Σ/|G|² = B_noise: finite from B_noise = 0 (no noise) to inf
+    # (no signal), and a huge reading is a small signal, as in a run.
+    trace, signal = noise / (1.0 + noise), 1.0 / (1.0 + noise)
+    trace, signal = jnp.where(jnp.isinf(noise), 1.0, trace), jnp.where(jnp.isinf(noise), 0.0,
+                                                                       signal)
     measured = batch > 1.0  # one example has no spread to read
-    norms = GradientSqNorms(jnp.where(measured, signal + 1.0, jnp.nan),
-                            jnp.where(measured, signal + 1.0 / batch, jnp.nan),
+    norms = GradientSqNorms(jnp.where(measured, signal + trace, jnp.nan),
+                            jnp.where(measured, signal + trace / batch, jnp.nan),
                             jnp.int32(1), state.batch_size)
     loss = None if losses is None else jnp.interp(
         state.progress / engine.base_steps, jnp.linspace(0.0, 1.0, len(losses)), losses)
@@ -1135,13 +1159,21 @@ def _play_out(engine: _Engine, profile: jax.Array, read_at: float, losses: jax.A
                        lr_multiplier=None, grads_finite=jnp.array(True))
     after = jax.lax.cond(decision.take_step, lambda: decision.stepped, lambda: decision.idle)
     taken = (after.count > state.count).astype(jnp.int32)
-    return after, examples + taken * state.batch_size
+    return after, rung_steps + taken * (ladder == state.batch_size).astype(jnp.int32)
 
   def going(carry):
     state, _ = carry
-    return (state.progress < engine.base_steps) & ~state.watch.gave_up
+    return ((state.progress < engine.base_steps) & ~state.watch.gave_up
+            & (state.observation.seen < _play_out_limit(engine)))
 
-  return jax.lax.while_loop(going, step, (_init_state(engine, None), jnp.zeros((), jnp.int32)))
+  return jax.lax.while_loop(going, step, (_init_state(engine, None),
+                                          jnp.zeros(ladder.shape, jnp.int32)))
+
+
+def _play_out_limit(engine: _Engine) -> int:
+  """The steps a play-out may take: at gain 1 a run covers the baseline's steps in about
+  as many, plus half its warmup; twice that, and the watch's patience, end any other."""
+  return 2 * (engine.base_steps + engine.warmup_steps) + 2 * (engine.divergence_patience or 0)
 
 
 def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps, warmup_steps,
@@ -1155,6 +1187,6 @@ def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps,
   rungs = tuple(batch_sizes)  # a numpy array too: its truth value is ambiguous
   ladder = _check_ladder(rungs, base_batch_size, rungs[-1] if rungs else 0)
   as_int("base_steps", base_steps, low=1)
-  check_range("warmup_steps", warmup_steps, low=0)
+  check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
   check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   return profile, ladder

@@ -351,8 +351,10 @@ def main(argv=None):
     return 0
   if not args.report_only:
     strategies = args.strategies.split(",") if args.strategies else cells.DEFAULT_STRATEGIES
+    if args.static_seeds < 1:
+      raise SystemExit(f"--static-seeds must be >= 1; got {args.static_seeds}")
     todo = cells.grid(list(configs), multiples=multiples, seeds=seeds, strategies=strategies,
-                      static_seeds=tuple(range(max(args.static_seeds, 1))))
+                      static_seeds=tuple(range(args.static_seeds)))
     runner.run(todo, progress=not args.no_progress)
   text = report(report_study(args, runner), args.outdir, args.figures)
   print("\n" + text)

@@ -25,6 +25,7 @@ import gzip
 import json
 import math
 import os
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -63,29 +64,43 @@ def _json_value(value: np.ndarray) -> Any:
 class EngineLog:
   """`engine.jsonl`'s writer: a row for each step the engine took or skipped.
 
-  `record(step, metrics)` takes the step's metrics (`engine_metrics`' keys) and
-  drops a step the trainer computed after the run was done (its count is -1).
-  Only the lead process writes, as with `metrics.jsonl`.
+  `record(step, metrics)` keeps the step's `engine_metrics` on the device, with no wait for
+  the step; every `WRITE_EVERY` steps, and at `flush()` (the trainer calls it after each
+  checkpoint) and `close()`, the kept rows come to the host and are written. A step the
+  trainer computed after the run was done (its count is -1) is dropped. Only the lead
+  process writes, as with `metrics.jsonl`.
   """
+
+  WRITE_EVERY = 100
 
   def __init__(self, workdir: str | os.PathLike, *, enabled: bool, start_step: int = 0):
     self._jsonl = (metrics_lib.JsonlWriter(workdir, start_step=start_step, filename=ENGINE_FILE)
                    if enabled else None)
+    self._kept: list[tuple[int, dict[str, Any]]] = []
 
   def record(self, step: int, metrics: Mapping[str, Any]) -> None:
     if self._jsonl is None:
       return
-    row = parallel.to_host({k[len(PREFIX):]: v for k, v in metrics.items()
-                            if k.startswith(PREFIX)})
-    if row and int(row["count"]) >= 0:
-      self._jsonl.write_row(step, {k: _json_value(np.asarray(v)) for k, v in row.items()})
+    row = {k[len(PREFIX):]: v for k, v in metrics.items() if k.startswith(PREFIX)}
+    if row:
+      self._kept.append((step, row))
+    if len(self._kept) >= self.WRITE_EVERY:
+      self._write()
+
+  def _write(self) -> None:
+    kept, self._kept = parallel.to_host(self._kept), []
+    for step, row in kept:
+      if int(row["count"]) >= 0:
+        self._jsonl.write_row(step, {k: _json_value(np.asarray(v)) for k, v in row.items()})
 
   def flush(self) -> None:
     if self._jsonl is not None:
+      self._write()
       self._jsonl.flush()
 
   def close(self) -> None:
     if self._jsonl is not None:
+      self._write()
       self._jsonl.close()
 
 
@@ -113,6 +128,7 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
                             f"(a static or scheduled run, or one written before the engine "
                             f"settings were recorded): nothing to replay.")
   rows = _engine_rows(root)
+  _check_rows(rows, root / ENGINE_FILE)
   schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
   settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
   replayed = progress_lib.replay(rows, schedule, **settings)
@@ -132,6 +148,21 @@ def _engine_rows(root) -> list[dict[str, Any]]:
   return [row for _, row in metrics_io.parsed_rows(path)]
 
 
+def _check_rows(rows: Sequence[Mapping[str, Any]], path) -> None:
+  """The rows start at the run's first step and miss none: a replay needs every step the
+  engine read from its start (not a run resumed from a copied checkpoint, whose first rows
+  are elsewhere)."""
+  steps = [int(row["step"]) for row in rows]
+  if not steps:
+    raise ValueError(f"{path} has no rows: nothing to replay.")
+  if steps[0] != 1 or steps != list(range(1, len(steps) + 1)):
+    gap = next(s for s, expected in zip(steps, range(1, len(steps) + 1)) if s != expected)
+    raise ValueError(f"{path}: its rows must be every step from 1, and step {gap} comes "
+                     f"where step {steps.index(gap) + 1} should: a replay needs every step "
+                     f"the engine read (a run resumed from another workdir's checkpoint "
+                     f"lacks the first ones).")
+
+
 def _differences(recorded: Mapping[str, Any], replayed: Mapping[str, Any]
                  ) -> dict[str, tuple[Any, Any]]:
   """The decisions whose replayed value is not the recorded one, bit for bit."""
@@ -147,8 +178,8 @@ def rung_table(replayed: Sequence[Mapping[str, Any]]) -> str:
   """The engine's steps grouped by the batch each had, as a Markdown table: where each rung
   began, its steps, the progress it covered, and the gain, LR and phases it went through.
 
-  `replayed` is `replay_run(...).replayed` (or `date.replay`'s list): each step's batch is
-  the one the step before asked for (the first rung at the first step).
+  `replayed` is `replay_run(...).replayed` (or `date.replay`'s list), whose "step_batch" is
+  the batch each step had.
   """
   lines = ["| batch | from step | steps | progress (baseline steps) | gain | LR | phases |",
            "|---:|---:|---:|---|---|---|---|"]
@@ -164,13 +195,11 @@ def rung_table(replayed: Sequence[Mapping[str, Any]]) -> str:
                    f"{last[1]['progress']:,.0f} | {min(gains):.3g} – {max(gains):.3g} "
                    f"| {min(lrs):.3g} – {max(lrs):.3g} | {phases} |")
 
-  asked = replayed[0]["batch_size"] if replayed else None
   for step, decided in enumerate(replayed, start=1):
-    if asked != batch:
+    if decided["step_batch"] != batch:
       flush()
-      batch, group = asked, []
+      batch, group = decided["step_batch"], []
     group.append((step, decided))
-    asked = decided["batch_size"]
   flush()
   return "\n".join(lines)
 
@@ -185,7 +214,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--rungs", action="store_true",
                       help="also print the gain, LR, progress and phases at each batch")
   args = parser.parse_args(argv)
-  report = replay_run(args.workdir)
+  try:
+    report = replay_run(args.workdir)
+  except (OSError, ValueError) as error:  # no such workdir, no adaptive run, a partial log
+    print(f"dateopt-replay: error: {error}", file=sys.stderr)
+    return 2
   if args.rungs:
     print(rung_table(report.replayed) + "\n")
   if report.exact:
