@@ -134,6 +134,7 @@ RECORDED = pathlib.Path(__file__).parent / "data" / "engine_runs"
 # What each recorded run shows the engine doing: the phases it must pass through.
 SHOWS = {"plateau": {"warmup", "plateau", "learning", "done"},
          "lm_climb": {"warmup", "learning", "done"},
+         "resnet_climb": {"warmup", "plateau", "learning", "done"},
          "spike": {"plateau", "learning", "hold", "done"},
          "divergence": {"diverged", "gave_up"}}
 
@@ -147,8 +148,8 @@ def test_a_recorded_trainer_run_replays_bit_for_bit(name):
   if name == "spike":  # the gradient x1000 at step 50: skipped, nothing credited
     assert report.replayed[49]["count"] == report.replayed[48]["count"]
     assert report.replayed[49]["progress"] == report.replayed[48]["progress"]
-  if name == "lm_climb":  # the batch climbed from the LM's B0 = 4 windows
-    assert [d["batch_size"] for d in report.replayed][::100][0] == 4
+  if name.endswith("_climb"):  # the batch climbed from B0 (4 windows; 32 images)
+    assert report.replayed[0]["step_batch"] == {"lm_climb": 4, "resnet_climb": 32}[name]
     assert max(d["batch_size"] for d in report.replayed) >= 64
 
 
