@@ -28,7 +28,7 @@ source_suffix = {".md": "markdown"}
 root_doc = "index"
 # The studies' own records live beside the pages; they are data, not pages.
 exclude_patterns = ["_build", "growth_study", "scaling_study", "polish_study", "schedule_study",
-                    "engine_ablation"]
+                    "engine_ablation", "lm_scaling"]
 myst_heading_anchors = 3
 myst_enable_extensions = ["dollarmath"]
 
