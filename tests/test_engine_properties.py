@@ -157,3 +157,57 @@ def test_the_unhealthy_profiles_are_caught(walks):
 
 def test_the_walks_pass_through_every_phase(walks):
   assert {row["phase"] for row in _all_rows(walks)} == set(progress_lib.PHASES)
+
+
+# --- Convergence targets (as optax's common tests have them) ---------------------------------
+# A noisy least-squares problem trained for real: date.adaptive over SGD, Adam and LARS, at a
+# fixed 8x batch and grown to 8x, must reach the baseline's loss target, end "done" with no
+# divergence, and take fewer steps than the baseline's (the noise is small next to the
+# signal early, so the gain is well above 1).
+
+REGRESSION_FEATURES, REGRESSION_BASE_STEPS = 16, 300
+
+
+def _regression(seed: int = 0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(8192, REGRESSION_FEATURES)).astype(np.float32)
+  w = rng.normal(size=REGRESSION_FEATURES).astype(np.float32)
+  y = x @ w + 0.5 * rng.normal(size=8192).astype(np.float32)
+  return x, y
+
+
+def _mse(w, batch):
+  return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+
+@pytest.mark.parametrize("family, lr", [("sgd", 0.05), ("adam", 0.05), ("lars", 0.05)])
+@pytest.mark.parametrize("grows", [False, True])
+def test_the_engine_trains_a_noisy_regression_to_its_target(family, lr, grows):
+  from dateopt import lars  # pylint: disable=import-outside-toplevel
+  make = {"sgd": lambda learning_rate: optax.sgd(learning_rate, momentum=0.9),
+          "adam": lambda learning_rate: optax.adam(learning_rate),
+          "lars": lambda learning_rate: lars(learning_rate, momentum=0.9)}[family]
+  x, y = _regression()
+  schedule = optax.warmup_cosine_decay_schedule(0.0, lr, 10, REGRESSION_BASE_STEPS)
+  tx = date.adaptive(make, schedule, base_batch_size=16, batch_size=128,
+                     base_steps=REGRESSION_BASE_STEPS, warmup_steps=10,
+                     batch_sizes=date.batch_ladder(16, 128) if grows else None)
+  grad_fn = date.grouped_value_and_grad(_mse, num_groups=4)
+
+  @jax.jit
+  def step(w, opt_state, batch):
+    loss, grads, sq_norms = grad_fn(w, batch)
+    updates, opt_state = tx.update(grads, opt_state, w, grad_sq_norms=sq_norms, value=loss)
+    return optax.apply_updates(w, updates), opt_state
+
+  w, opt_state, position, steps = jnp.zeros(REGRESSION_FEATURES), None, 0, 0
+  opt_state = tx.init(w)
+  while not date.progress_done(opt_state, REGRESSION_BASE_STEPS) and steps < 400:
+    batch_size = int(date.next_batch_size(opt_state))
+    rows = np.arange(position, position + batch_size) % len(x)
+    w, opt_state = step(w, opt_state, {"x": x[rows], "y": y[rows]})
+    position, steps = position + batch_size, steps + 1
+  final = float(_mse(w, {"x": x, "y": y}))
+  assert final < 0.3, final  # the noise floor is 0.25
+  assert date.progress_done(opt_state, REGRESSION_BASE_STEPS) and not date.diverged(opt_state)
+  assert steps < REGRESSION_BASE_STEPS  # the gain bought steps
