@@ -14,9 +14,7 @@ from dateopt import extras
 
 def train() -> int:
   """`dateopt-train` (dateopt.cli), once the `train` extra is known to be there."""
-  message = extras.missing(extras.TRAIN_MODULES, extra="train")
-  if message is not None:
-    print(f"dateopt-train: error: {message}", file=sys.stderr, flush=True)
+  if _without_train_extra("dateopt-train"):
     return 2
   from dateopt import cli  # pylint: disable=g-import-not-at-top  (needs the train extra)
   return cli.main()
@@ -24,9 +22,15 @@ def train() -> int:
 
 def replay() -> int:
   """`dateopt-replay WORKDIR` (`dateopt.train.engine_log.main`), with the `train` extra."""
-  message = extras.missing(extras.TRAIN_MODULES, extra="train")
-  if message is not None:
-    print(f"dateopt-replay: error: {message}", file=sys.stderr, flush=True)
+  if _without_train_extra("dateopt-replay"):
     return 2
   from dateopt.train import engine_log  # pylint: disable=g-import-not-at-top
   return engine_log.main()
+
+
+def _without_train_extra(program: str) -> bool:
+  """Whether the `train` extra is missing; if so, says which on stderr as `program`."""
+  message = extras.missing(extras.TRAIN_MODULES, extra="train")
+  if message is not None:
+    print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+  return message is not None

@@ -15,6 +15,8 @@ The profiles are drawn from seeded numpy generators: healthy runs, and runs that
 blow up, relapse or sit at chance. The engine is the real one, under `jax.jit`.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,14 +39,6 @@ def _engine(grows: bool):
                        base_batch_size=B0, batch_size=B_MAX, base_steps=BASE_STEPS,
                        warmup_steps=WARMUP, batch_sizes=LADDER if grows else None,
                        growth_interval=5, divergence_patience=60)
-
-
-def _readings(noise_scale: float, batch: int) -> noise_lib.GradientSqNorms:
-  """|G_b|² at b = batch/4 and at the batch, for |G|² = 1 and tr Σ = `noise_scale`."""
-  small = batch // 4
-  return noise_lib.GradientSqNorms(small=jnp.float32(1 + noise_scale / small),
-                                   big=jnp.float32(1 + noise_scale / batch),
-                                   small_batch_size=small, big_batch_size=batch)
 
 
 def _noise_profile(rng) -> np.ndarray:
@@ -80,20 +74,37 @@ def _unhealthy_losses(rng, kind: str) -> np.ndarray:
 
 def _walk(grows: bool, losses, noise_scales):
   """Every step's batch, gain, LR, progress and phase name."""
+  columns = _walker(grows)(jnp.asarray(losses, jnp.float32),
+                           jnp.asarray(noise_scales, jnp.float32))
+  columns = {name: np.asarray(values) for name, values in columns.items()}
+  return [{"batch": int(columns["batch"][t]), "next_batch": int(columns["next_batch"][t]),
+           "gain": float(columns["gain"][t]), "lr": float(columns["lr"][t]),
+           "progress": float(columns["progress"][t]),
+           "phase": progress_lib.PHASES[int(columns["phase"][t])]}
+          for t in range(len(losses))]
+
+
+@functools.lru_cache(maxsize=None)
+def _walker(grows: bool):
+  """The engine's steps over a (losses, noise scales) profile, one `lax.scan` compiled once
+  for every walk of its kind. Each step reads |G_b|² at b = B/4 and at the batch B it asked
+  for, with |G|² = 1 and tr Σ = the step's noise scale."""
   tx, params = _engine(grows), {"w": jnp.ones(2)}
-  state, update = tx.init(params), jax.jit(tx.update)
-  read = jax.jit(lambda s: progress_lib.phase(s, base_steps=BASE_STEPS, warmup_steps=WARMUP))
-  rows = []
-  for loss, noise_scale in zip(losses, noise_scales):
-    batch = int(date.next_batch_size(state))
-    _, state = update(params, state, params, grad_sq_norms=_readings(noise_scale, batch),
-                      value=jnp.float32(loss))
-    rows.append({"batch": batch, "next_batch": int(state.batch_size),
-                 "gain": float(state.gain),
-                 "lr": float(state.inner_state.hyperparams["learning_rate"]),
-                 "progress": float(state.progress),
-                 "phase": progress_lib.PHASES[int(read(state))]})
-  return rows
+
+  def step(state, reading):
+    loss, noise_scale = reading
+    batch = date.next_batch_size(state)
+    small = batch // 4
+    norms = noise_lib.GradientSqNorms(small=1 + noise_scale / small, big=1 + noise_scale / batch,
+                                      small_batch_size=small, big_batch_size=batch)
+    _, after = tx.update(params, state, params, grad_sq_norms=norms, value=loss)
+    return after, {"batch": batch, "next_batch": after.batch_size, "gain": after.gain,
+                   "lr": after.inner_state.hyperparams["learning_rate"],
+                   "progress": after.progress,
+                   "phase": progress_lib.phase(after, base_steps=BASE_STEPS,
+                                               warmup_steps=WARMUP)}
+
+  return jax.jit(lambda losses, noise: jax.lax.scan(step, tx.init(params), (losses, noise))[1])
 
 
 def _profiles(kind: str):

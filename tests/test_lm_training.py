@@ -1,6 +1,7 @@
 """The byte-level Transformer LM through the trainer: its metrics, the growing batch, resume.
 
-Every run is the tiny preset on a small corpus of plain-text files written here
+Every run is the tiny preset with one decoder block (each block adds to every compile; the
+model's own tests cover its depth) on a small corpus of plain-text files written here
 (`text_files`), on the 8 simulated devices.
 """
 
@@ -49,7 +50,7 @@ def lm_config(corpus_dir, **fields):
   config.data_dir = corpus_dir
   config.dataset_kwargs = dict(seq_len=SEQ_LEN, eval_share=0.2, eval_windows=64)
   config.model = "transformer_lm"
-  config.model_kwargs = dict(preset="tiny")
+  config.model_kwargs = dict(preset="tiny", num_layers=1)
   config.baseline = dict(batch_size=16, num_epochs=1, optimizer="adamw", learning_rate=3e-3,
                          b2=0.99, weight_decay=0.1, warmup_epochs=0.1, decay="cosine",
                          grad_clip_norm=1.0)
@@ -100,11 +101,10 @@ def test_a_language_model_run_logs_tokens_bits_per_byte_and_perplexity(corpus, t
 
 
 def _growing(corpus, **fields):
-  """DATE adaptive from B0 = 16 up to 64, one decoder block (each rung is a compile); a
-  step priced at 1000 largest batches, so each rung is due as soon as the growth rule
-  looks (every 20 steps after the warmup)."""
+  """DATE adaptive from B0 = 16 up to 64 (each rung is a compile); a step priced at 1000
+  largest batches, so each rung is due as soon as the growth rule looks (every 20 steps
+  after the warmup)."""
   return lm_config(corpus, strategy="adaptive", batch_size=64,
-                   model_kwargs=dict(preset="tiny", num_layers=1),
                    plan=dict(grow_batch=True, step_price=1000.0), **fields)
 
 

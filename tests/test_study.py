@@ -453,10 +453,16 @@ def test_study_figures_are_written(tmp_path):
       assert os.path.getsize(draw(summary, str(tmp_path / "n.png"), noise_scale=noise)) > 5000
 
 
+# The end-to-end study: the baseline, one static rule, DATE and the static rule at DATE's
+# steps (the other static rules differ from LEGW only in their plan: tests/test_date_plan.py).
+QUICK_STRATEGIES = ("baseline", "legw", "adaptive", "legw_date_steps")
+
+
 def _quick(outdir):
   return subprocess.run(
       [sys.executable, "-m", "dateopt.study", "--workload", "tiny",
-       "--config", f"tiny={TINY}", "--quick", "--outdir", str(outdir), "--no-progress"],
+       "--config", f"tiny={TINY}", "--quick", "--strategies", ",".join(QUICK_STRATEGIES),
+       "--outdir", str(outdir), "--no-progress"],
       capture_output=True, text=True, timeout=900, cwd=REPO,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
@@ -467,7 +473,7 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   with open(tmp_path / "results.csv", encoding="utf-8") as f:
     lines = list(csv.DictReader(f))
   assert sorted((line["strategy"], line["multiple"]) for line in lines) == sorted(
-      [("baseline", "1")] + [(s, "4") for s in study.DEFAULT_STRATEGIES if s != "baseline"])
+      [("baseline", "1")] + [(s, "4") for s in QUICK_STRATEGIES if s != "baseline"])
   by_strategy = {line["strategy"]: line for line in lines}
   assert int(by_strategy["baseline"]["steps"]) == 300  # --quick: a 300-step baseline
   assert int(by_strategy["legw"]["steps"]) == 75  # equal epochs at 4x
@@ -479,7 +485,7 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   assert "tiny: by quarter of progress" in (tmp_path / "results.md").read_text()
   # Strict JSON rows, one per cell.
   rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
-  assert len(rows) == 7
+  assert len(rows) == len(QUICK_STRATEGIES)
 
   # Resume: drop the last finished cell; only it runs again.
   lines = (tmp_path / "cells.jsonl").read_text().splitlines(keepends=True)
@@ -488,7 +494,7 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   reran = [line for line in out.stdout.splitlines() if line.startswith("tiny/")]
   assert reran == [line for line in reran if "legw_date_steps" in line] and len(reran) == 1
-  assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 7
+  assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == len(QUICK_STRATEGIES)
 
   # A study run one --workload at a time into one outdir reports every workload it finished.
   rows = [json.loads(line) for line in (tmp_path / "cells.jsonl").read_text().splitlines()]
@@ -497,11 +503,13 @@ def test_quick_study_end_to_end_and_resumes(tmp_path):
       twin = dict(row, workload=row["workload"].replace("tiny", "twin"))
       f.write(json.dumps(dict(twin, key=twin["key"].replace("tiny", "twin"))) + "\n")
   argv = ["--workload", "tiny", "--config", f"tiny={TINY}", "--config", f"twin={TINY}",
-          "--quick", "--report-only", "--outdir", str(tmp_path), "--no-progress"]
+          "--quick", "--strategies", ",".join(QUICK_STRATEGIES), "--report-only",
+          "--outdir", str(tmp_path), "--no-progress"]
   study_main.main(argv)
   with open(tmp_path / "results.csv", encoding="utf-8") as f:
     workloads = [line["workload"] for line in csv.DictReader(f)]
-  assert workloads.count("tiny") == workloads.count("twin") == 7 and "unknown" not in workloads
+  assert workloads.count("tiny") == workloads.count("twin") == len(QUICK_STRATEGIES)
+  assert "unknown" not in workloads
   text = (tmp_path / "results.md").read_text()
   assert "#### tiny\n" in text and "#### twin\n" in text and (tmp_path / "twin_steps.png").exists()
 

@@ -1,6 +1,8 @@
 """dateopt-tpu (dateopt/tpu.py, and scripts/tpu_vm.py from a clone) without gcloud: the exact commands (--dry-run), the remote scripts, watch."""
 
 import ast
+import contextlib
+import io
 import json
 import os
 import re
@@ -76,12 +78,28 @@ FOREIGN_KILLS = ("pkill", "killall", "kill -9", "sudo kill", "xargs -r kill", "t
 
 
 def dry_run(*args, check=True):
-  """The script's stdout lines under --dry-run (a subprocess, as a user runs it)."""
-  done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], capture_output=True,
-                        text=True, timeout=60, check=False)
+  """The launcher under --dry-run, called in this process as `scripts/tpu_vm.py` calls it
+  (`tpu.main`; a Python start a call would cost seconds): its status, stdout and stderr.
+  `test_the_script_runs_as_a_user_runs_it` runs the script itself."""
+  out, err = io.StringIO(), io.StringIO()
+  with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+      status = tpu_vm.main(["--dry-run", *args])
+    except SystemExit as stop:  # argparse's refusals
+      status = stop.code
+  done = subprocess.CompletedProcess(["dateopt-tpu", "--dry-run", *args], status, out.getvalue(),
+                                     err.getvalue())
   if check:
     assert done.returncode == 0, done.stderr
   return done
+
+
+def test_the_script_runs_as_a_user_runs_it():
+  args = ["run", *TARGET, *SLICE, *JOB]
+  done = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", *args], capture_output=True,
+                        text=True, timeout=60, check=False)
+  assert done.returncode == 0, done.stderr
+  assert done.stdout == dry_run(*args).stdout and done.stdout.count("\n") > 3
 
 
 def lines(*args):
