@@ -492,17 +492,17 @@ def _train_step_compilations_of_a_run(config, workdir):
 
 @pytest.fixture(scope="module")
 def grown_run(tmp_path_factory):
-  """One growing run, checkpointed every 5 steps, for the tests that read it: (its workdir,
-  result, {batch: the threads that compiled its train step})."""
+  """One growing run, checkpointed every 5 steps, for the tests that read it: (its config,
+  workdir, result, {batch: the threads that compiled its train step})."""
   workdir = tmp_path_factory.mktemp("grown") / "whole"
   config = _growing_config(checkpoint_every_steps=5, keep_checkpoints=20)
   result, compiles = _train_step_compilations_of_a_run(config, str(workdir))
-  return workdir, result, compiles
+  return config, workdir, result, compiles
 
 
 def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(grown_run,
                                                                                  tmp_path):
-  workdir, result, compiles = grown_run
+  _, workdir, result, compiles = grown_run
   rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
   changes = [(r["step"], r["train/batch_size"]) for r in rows
              if "train/batch_size" in r and "train/loss" not in r]
@@ -556,12 +556,12 @@ def test_growing_ladder_refuses_a_max_the_layout_cannot_split(tmp_path):
 def test_a_run_killed_mid_ramp_resumes_bit_exact(grown_run, tmp_path):
   from dateopt import train
   from dateopt.train import engine_log
-  whole_dir, whole, _ = grown_run
+  config, whole_dir, whole, _ = grown_run
   resume_at = 45  # after the rungs at 21 and 41, before the one at 61
   shutil.copytree(whole_dir / "checkpoints" / str(resume_at),
                   tmp_path / "resumed" / "checkpoints" / str(resume_at))
-  config = _growing_config(checkpoint_every_steps=5, keep_checkpoints=20)
-  resumed = train.train_and_evaluate(config, str(tmp_path / "resumed"))
+  resumed = train.train_and_evaluate(config.copy_and_resolve_references(),
+                                     str(tmp_path / "resumed"))
   assert resumed.steps == whole.steps and resumed.examples == whole.examples
   assert resumed.largest_batch_size == whole.largest_batch_size
   for a, b in zip(jax.tree.leaves(whole.state.params), jax.tree.leaves(resumed.state.params)):
