@@ -21,6 +21,10 @@ them. `--rules-off a,b` runs every run with those of the engine's rules off (`da
 ablation `python -m dateopt.study --ablate` measures on the study's cells):
 
   python scripts/divergence_evidence.py diverged --rules-off relapse --workdir runs/div_off
+
+`--seed N` runs the healthy set on another seed:
+
+  python scripts/divergence_evidence.py healthy --only main_job --seed 1 --workdir runs/div_seed1
 """
 
 import argparse
@@ -86,10 +90,10 @@ def baseline_runs() -> list[Run]:
       for factor in (1000, 100, 10)]
 
 
-def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY)) -> list[Run]:
-  runs = [Run("main_job", _adaptive(MAIN_JOB))]
+def healthy_runs(multiples=(2, 4, 8, 16, 32, 64), workloads=tuple(STUDY), seed=0) -> list[Run]:
+  runs = [Run("main_job", _adaptive(MAIN_JOB, seed=seed))]
   for workload in workloads:
-    runs += [Run(f"study_{workload}_{k}x_seed0", _adaptive(STUDY[workload], k))
+    runs += [Run(f"study_{workload}_{k}x_seed{seed}", _adaptive(STUDY[workload], k, seed))
              for k in multiples]
   return runs
 
@@ -124,7 +128,7 @@ def run(spec: Run, workdir: str) -> dict[str, Any]:
     trainer.build_optimizer = lambda *a, **k: (
         lambda tx, schedule: (explode_gradient_at(tx, spec.explode_at), schedule)
     )(*build(*a, **k))
-  start, row = time.time(), {"run": spec.name}
+  start, row = time.time(), {"run": spec.name, "seed": spec.config.seed}
   if spec.config.get("engine_rules_off"):
     row["rules_off"] = spec.config.engine_rules_off
   try:
@@ -151,13 +155,16 @@ def main():
   parser.add_argument("--only", default=None)
   parser.add_argument("--multiples", default="2,4,8,16,32,64")
   parser.add_argument("--workloads", default="lstm,resnet")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="the seed of the healthy set's runs (the others have theirs)")
   parser.add_argument("--rules-off", default="", metavar="RULES",
                       help="engine rules switched off in every run (config.engine_rules_off)")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)
   specs = {"diverged": diverged_runs, "baselines": baseline_runs,
            "healthy": lambda: healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
-                                           tuple(args.workloads.split(",")))}[args.set]()
+                                           tuple(args.workloads.split(",")),
+                                           args.seed)}[args.set]()
   for spec in specs:
     if args.rules_off and spec.config.strategy == "adaptive":  # a baseline has no engine
       spec.config.engine_rules_off = args.rules_off

@@ -460,13 +460,12 @@ def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
   assert float(unwatched.gain) == pytest.approx(held * (1 + progress_lib.GAIN_RISE), rel=1e-6)
 
 
-def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
+def test_after_a_bump_the_gain_and_the_batch_follow_the_readings_once_the_loss_is_back():
   """A growing run sits at 512 on readings of 300 (512 · 1,024 > λ · B_noise = 1,024 · 300).
-  Three losses of 1.0 after a best of ~0.5 are a hold (gain 1); the gain before it becomes the
-  ceiling. Then the loss comes back to 0.52, near its best and not below, while the readings
-  stay at 3,000: the gain recovers to the ceiling, not to adascale_gain(3000) = 13.8, and the
-  batch stays, although the growth rule alone would climb. Losses of 0.3 set a new best: the
-  ceiling goes, the gain rises past it and the batch climbs."""
+  Three losses of 1.0 after a best of ~0.5 are a hold (gain 1). Back at 0.52, within the climb
+  share of its best (1% of its gains), with readings of 3,000: the gain follows them again, at
+  most `GAIN_RISE` a step, past the gain it had before the bump, and the batch climbs at the
+  growth rule's next look."""
   tx = _engine(batch_size=1024, batch_sizes=date.batch_ladder(32, 1024),
                noise_batch_exponent=0.0)  # the readings as measured: the gain by hand
   params = {"w": jnp.ones(2)}
@@ -474,30 +473,26 @@ def test_a_bump_caps_the_gain_and_the_batch_until_the_loss_sets_a_new_best():
   state = tx.init(params)
 
   def train(state, losses, noise_scale):
+    gains = []
     for loss in losses:
       sq_norms = _sq_norms(noise_scale, int(date.next_batch_size(state)))
       _, state = update(params, state, params, grad_sq_norms=sq_norms, value=loss)
-    return state
+      gains.append(float(state.gain))
+    return state, gains
 
-  state = train(state, [2.3] * 10 + [0.5] * 110, 300.0)
-  assert int(state.batch_size) == 512 and np.isinf(float(state.gain_cap))
+  state, _ = train(state, [2.3] * 10 + [0.5] * 110, 300.0)
   before = float(state.gain)
-  assert before == pytest.approx(noise_lib.adascale_gain(300.0, 32, 512), rel=1e-5)
-  state = train(state, [1.0] * 3, 300.0)
-  assert bool(divergence.loss_rising(state.watch)) and float(state.gain) == 1.0
-  assert float(state.gain_cap) == before
-  state = train(state, [0.52] * 60, 3000.0)
-  assert bool(divergence_lib.may_grow_batch(state.watch)) and not bool(divergence.loss_rising(state.watch))
-  assert float(state.watch.ema) > float(state.watch.best)
-  assert float(state.gain) == before and float(state.gain_cap) == before
   assert int(state.batch_size) == 512
-  assert progress_lib.wants_next_rung(int(state.count) // 20 * 20, 3000.0, batch_size=512,
-                              next_batch_size=1024, max_batch_size=1024, warmup_steps=0)
-  state = train(state, [0.3] * 30, 3000.0)
-  assert np.isinf(float(state.gain_cap))
-  assert float(state.gain) > before * (1 + progress_lib.GAIN_RISE)
+  assert before == pytest.approx(noise_lib.adascale_gain(300.0, 32, 512), rel=1e-5)
+  state, _ = train(state, [1.0] * 3, 300.0)
+  assert bool(divergence.loss_rising(state.watch)) and float(state.gain) == 1.0
+  state, gains = train(state, [0.52] * 60, 3000.0)
+  assert bool(divergence_lib.may_grow_batch(state.watch))
+  assert not bool(divergence.loss_rising(state.watch))
+  rises = [b / a for a, b in zip(gains, gains[1:])]
+  assert max(rises) <= 2 * (1 + progress_lib.GAIN_RISE) + 1e-6  # a rung up may double it
+  assert max(gains) > before * (1 + progress_lib.GAIN_RISE)
   assert int(state.batch_size) == 1024
-
 
 def _gave_up_on(losses):
   """An engine fed `losses` until it gives up; its health as the trainer reads it."""

@@ -51,7 +51,7 @@ def _run(tx, steps, state=None):
 
 
 def test_every_rule_has_a_name_and_a_bad_name_is_refused():
-  assert len(set(ENGINE_RULES)) == len(ENGINE_RULES) == 13
+  assert len(set(ENGINE_RULES)) == len(ENGINE_RULES) == 12
   assert check_rules_off(()) == frozenset()
   with pytest.raises(ValueError, match=r"rules_off must be one of .*; got 'early_clim'\."):
     check_rules_off(["early_clim"])
@@ -83,7 +83,6 @@ def test_rising_hold_off_a_rising_loss_is_measured_and_walked_at_its_gain():
   assert free_gains[-1] == pytest.approx(free_gains[len(learnt) - 1]) and free_gains[-1] > 5
   assert float(noise_scale(free.noise)) == pytest.approx(9000.0, rel=1e-4)  # measured
   assert float(noise_scale(held.noise)) < 9000.0
-  assert np.isinf(float(free.gain_cap))  # only a hold sets a bump's ceiling
 
 
 def test_gain_hold_until_learnt_off_a_plateau_takes_its_measured_gain():
@@ -93,20 +92,6 @@ def test_gain_hold_until_learnt_off_a_plateau_takes_its_measured_gain():
   _, _, free = _run(_engine(("gain_hold_until_learnt",), **fixed), steps)
   assert held == pytest.approx([np.sqrt(8)] * 60, rel=1e-6)
   assert free[-1] == pytest.approx(noise_lib.adascale_gain(1000.0, 32, 256), rel=1e-5)  # 6.57
-
-
-def test_bump_ceiling_off_the_gain_and_the_batch_follow_the_readings_after_a_bump():
-  """test_divergence's bump: learnt at 512 on readings of 300, three losses of 1.0 (a hold),
-  then the loss back near its best on readings of 3,000."""
-  grown = dict(batch_size=1024, batch_sizes=date.batch_ladder(32, 1024),
-               noise_batch_exponent=0.0)
-  steps = [(300.0, 2.3)] * 10 + [(300.0, 0.5)] * 110 + [(300.0, 1.0)] * 3 + [(3000.0, 0.52)] * 60
-  capped, _, capped_gains = _run(_engine(**grown), steps)
-  free, _, free_gains = _run(_engine(("bump_ceiling",), **grown), steps)
-  before = noise_lib.adascale_gain(300.0, 32, 512)
-  assert capped_gains[-1] == pytest.approx(before, rel=1e-5) and int(capped.batch_size) == 512
-  assert np.isinf(float(free.gain_cap)) and free_gains[-1] > before * (1 + progress_lib.GAIN_RISE)
-  assert int(free.batch_size) == 1024
 
 
 def test_climb_share_off_a_wobble_above_the_best_does_not_stop_the_climb():
@@ -205,8 +190,8 @@ def test_a_divergence_rule_off_never_declares_the_run_diverged(rule, losses, pro
 
 def test_the_trainer_reads_the_rules_off_and_refuses_them_where_no_engine_runs():
   config = train.default_config()
-  config.engine_rules_off = " early_climb, bump_ceiling "
-  assert engine_rules_off(config) == ("early_climb", "bump_ceiling")
+  config.engine_rules_off = " early_climb, climb_share "
+  assert engine_rules_off(config) == ("early_climb", "climb_share")
   config.engine_rules_off = "early_climb,warmup"
   with pytest.raises(ValueError, match=r"config.engine_rules_off: unknown rule 'warmup'"):
     engine_rules_off(config)

@@ -72,8 +72,7 @@ def _scripted_run(settings: dict, *, steps: int, explode_from: int | None = None
 def _same(decisions, replayed):
   """The first step whose replayed decisions are not the recorded ones (None: none)."""
   for t, (recorded, again) in enumerate(zip(decisions, replayed, strict=True)):
-    if any(recorded[k] != again[k] and not (k == "gain_cap" and math.isinf(recorded[k])
-                                            and math.isinf(again[k])) for k in recorded):
+    if any(recorded[k] != again[k] for k in recorded):
       return t, recorded, again
   return None
 
@@ -113,12 +112,23 @@ def test_replay_follows_a_run_into_divergence_and_giving_up():
   assert _same(decisions, date.replay(observations, SCHEDULE, **settings)) is None
 
 
-def test_replay_with_other_settings_answers_what_they_would_have_decided(run):
+@pytest.mark.parametrize("run", ["fixed"], indirect=True)  # a ladder compiles once a rung
+def test_where_a_rule_first_acts_is_where_a_run_without_it_first_decides_otherwise(run):
+  """`first_actions` (a replay with each rule off) against the optax transformation run with
+  the rule off on the same scripted readings: the same first step, or none for both."""
+  from dateopt.train import engine_log  # the train extra
   settings, observations, decisions = run
-  other = date.replay(observations, SCHEDULE, **dict(settings, rules_off=("bump_ceiling",)))
-  assert _same(decisions, other) is not None  # the bump's ceiling held the gain somewhere
-  first = _same(decisions, other)[0]
-  assert 150 <= first < 200  # not before the bump
+  actions = {a.rule: a for a in engine_log.first_actions(
+      observations, SCHEDULE, ("rising_hold", "relapse", "early_climb"), **settings)}
+  compared = [k for k in engine_log.ACTION if k != "learning_rate"]  # a replay's alone
+  for rule in ("rising_hold", "relapse"):
+    _, off = _scripted_run(dict(settings, rules_off=(rule,)), steps=300)
+    differs = next((t for t, (a, b) in enumerate(zip(decisions, off), start=1)
+                    if any(a[k] != b[k] for k in compared)), None)
+    assert actions[rule].step == differs, rule
+  assert actions["relapse"].step is None  # no relapse in this run: off, nothing changes
+  assert 150 <= actions["rising_hold"].step < 200  # the bump's hold, not before the bump
+  assert "early_climb" not in actions  # a ladder's rule: a fixed batch has none
 
 
 def test_replay_refuses_what_adaptive_refuses():
@@ -163,6 +173,23 @@ def test_a_recorded_trainer_run_replays_bit_for_bit(name):
   if name.endswith("_climb"):  # the batch climbed from B0 (4 windows; 32 images)
     assert report.replayed[0]["step_batch"] == {"lm_climb": 4, "resnet_climb": 32}[name]
     assert max(d["batch_size"] for d in report.replayed) >= 64
+
+
+def test_the_replay_cli_says_where_each_rule_acts_on_a_recorded_run(capsys):
+  """The recorded 1000x-LR run blows up at step 21 (the blow-up rule acts there) and never
+  relapses; an unknown rule is an error that names the allowed ones."""
+  from dateopt.train import engine_log  # the train extra
+  status = engine_log.main([str(RECORDED / "divergence"), "--rules", "relapse,blow_up"])
+  if not engine_log.replay_run(RECORDED / "divergence").exact:  # another XLA: see above
+    assert status == 1 and "acts" not in capsys.readouterr().out  # no rule judged on it
+    return
+  assert status == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].split() == ["relapse", "never", "acts:", "off,", "every", "step", "decides",
+                              "the", "same"]
+  assert lines[1].startswith("blow_up") and "acts from step 21: phase diverged →" in lines[1]
+  assert engine_log.main([str(RECORDED / "divergence"), "--rules", "no_such_rule"]) == 2
+  assert "rules_off" in capsys.readouterr().err
 
 
 def test_the_rung_table_groups_the_steps_by_the_batch_each_had(run):

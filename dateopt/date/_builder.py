@@ -12,7 +12,7 @@ from dateopt import masks, schedules, transforms
 from dateopt.date import _adam_scaling as adam_scaling
 from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch, schedule_of
 from dateopt.date._divergence import DIVERGENCE_PATIENCE, as_optax_state
-from dateopt.date._noise import SIGNAL_DECAY
+from dateopt.date._noise import NOISE_DECAY, SIGNAL_DECAY
 from dateopt.date._progress import adaptive, batch_ladder
 from dateopt.date._recipe import Recipe
 from dateopt.validation import check_type
@@ -43,7 +43,7 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       transition_steps=max(1, recipe.epochs_to_steps(recipe.decay_every_epochs)))
 
 
-def build(recipe: Recipe, *, noise_decay: float = 0.99,
+def build(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
           signal_decay: float | None = SIGNAL_DECAY,
           batch_sizes: Sequence[int] | None = None,
           divergence_patience: int | None = DIVERGENCE_PATIENCE,
@@ -99,7 +99,7 @@ def build(recipe: Recipe, *, noise_decay: float = 0.99,
   return tx, schedule
 
 
-def adaptive_settings(recipe: Recipe, *, noise_decay: float = 0.99,
+def adaptive_settings(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
                       signal_decay: float | None = SIGNAL_DECAY,
                       batch_sizes: Sequence[int] | None = None,
                       divergence_patience: int | None = DIVERGENCE_PATIENCE,

@@ -325,6 +325,10 @@ def _ema_bias(decay, count):
 # moving value by about its horizon, and at a gain r the noise EMAs' 100-step horizon spans
 # 100·r baseline steps of progress, over which a slower |G|² EMA reads B_noise low (the
 # evidence: docs/results/engine_rules.md, 'The EMA horizons').
+#: The decay per measurement of the tr Σ EMA in DATE's engine (`noise_decay`): a 100-step
+#: horizon, long enough that a passing loss bump does not read as pure noise (the evidence:
+#: docs/results/engine_rules.md, 'The EMA horizons').
+NOISE_DECAY = 0.99
 #: The decay per measurement of the |G|² EMA in DATE's engine (`update_noise_scale`'s
 #: `signal_decay`): a 33-step horizon, shorter than that of the tr Σ EMA, since |G|² falls
 #: tenfold over training.
@@ -368,7 +372,7 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
 
 
 def update_noise_scale(
-    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = 0.99, *,
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = NOISE_DECAY, *,
     signal_decay: float | None = None, winsorize: bool = True
 ) -> NoiseScaleState:
   """Folds one measurement into the EMAs, winsorized (`clip_readings`; `winsorize=False`:
@@ -466,7 +470,7 @@ def check_decays(noise_decay: float, signal_decay: float | None) -> None:
 
 
 def measure_noise_scale(
-    inner: optax.GradientTransformation, *, noise_decay: float = 0.99,
+    inner: optax.GradientTransformation, *, noise_decay: float = NOISE_DECAY,
     signal_decay: float | None = SIGNAL_DECAY
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.

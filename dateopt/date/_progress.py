@@ -66,10 +66,7 @@ its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
 after the loss has stopped rising). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
 at any batch (the evidence: docs/results/engine_rules.md, 'The gain hold until the run
-has learnt'). A hold
-leaves a ceiling (`bump_ceiling`): the gain of the step before it, which the gain
-may recover to but not pass, and a growing batch does not climb, until the loss
-sets a new best. Each noise reading is winsorized against the EMAs
+has learnt'). Each noise reading is winsorized against the EMAs
 (`dateopt.date._noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date._divergence` watches the run. A step whose gradient jumps
@@ -114,6 +111,7 @@ from dateopt.date._divergence import (
 from dateopt.date._adam_scaling import injected
 from dateopt.date._guard import all_finite
 from dateopt.date._noise import (
+    NOISE_DECAY,
     SIGNAL_DECAY,
     GradientSqNorms,
     NoiseScaleState,
@@ -173,8 +171,6 @@ class AdaptiveState(NamedTuple):
     gain: the gain the last step applied (bounded; 1 before the first step).
     gain_batch_size: the batch of that step (int32).
     watch: the divergence watch (`dateopt.date._divergence`).
-    gain_cap: the ceiling a bump left on the gain (`bump_ceiling`): the gain
-      of the step before the loss began to rise; inf while there is none.
     phase: the index in `PHASES` of the phase the engine is in after its last
       step (`phase`).
     observation: what the last step showed the engine (`Observation`).
@@ -188,7 +184,6 @@ class AdaptiveState(NamedTuple):
   gain: jax.Array
   gain_batch_size: jax.Array
   watch: DivergenceWatchState
-  gain_cap: jax.Array
   phase: jax.Array
   observation: Observation
 
@@ -214,17 +209,19 @@ EARLY_RUNGS = 16
 #: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
 #: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
 #: are the divergence watch's ways into a diverged phase (`dateopt.date._divergence`).
-ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "bump_ceiling",
-                "climb_share", "early_climb", "credited_noise", "winsorized_readings",
-                "signal_horizon", "gradient_jump_skip") + DIVERGENCE_RULES
+ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "climb_share",
+                "early_climb", "credited_noise", "winsorized_readings", "signal_horizon",
+                "gradient_jump_skip") + DIVERGENCE_RULES
+#: The rules that only a growing batch has: on a fixed batch, one of them off changes nothing.
+LADDER_RULES = ("credited_noise", "early_climb")
 
 
 def check_rules_off(rules_off: Sequence[str]) -> frozenset[str]:
   """`rules_off` as a set of `ENGINE_RULES` names; an unknown name raises ValueError naming it.
 
   Example:
-    >>> sorted(check_rules_off(("early_climb", "bump_ceiling")))
-    ['bump_ceiling', 'early_climb']
+    >>> sorted(check_rules_off(("early_climb", "climb_share")))
+    ['climb_share', 'early_climb']
   """
   if isinstance(rules_off, str) or not isinstance(rules_off, (list, tuple, set, frozenset)):
     raise ValueError(f"rules_off must be a sequence of rule names, not {rules_off!r}; "
@@ -365,52 +362,19 @@ def _no_rise_off_best(gain, previous, watch, learnt):
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
 
 
-def bump_ceiling(cap, previous_gain, watch, *, holding, steady):
-  """The ceiling a bump leaves on the gain, after this step's watch (arrays).
+def _watched_gain(gain, state, watch, learnt, rules_off, *, step_batch, base_batch_size):
+  """The gain after the watch's rules.
 
-  At the first step `holding` (a rising loss, `loss_rising`) the gain of the
-  step before, `previous_gain`, becomes the ceiling; it stays through the hold
-  and after it, until a `steady` step whose loss EMA sets a new best
-  (`watch.ema <= watch.best`) lifts it (inf: none). Until then the gain may
-  recover up to the ceiling, not past it, and a growing batch does not climb.
-  After a bump the readings keep rising while the loss does not come back: they
-  measure the bump, not the batch (the evidence: docs/results/engine_rules.md, 'The
-  bump ceiling').
-
-  Example:
-    >>> import jax.numpy as jnp
-    >>> from dateopt.date._divergence import init_watch
-    >>> watch = init_watch()._replace(ema=jnp.float32(0.6), best=jnp.float32(0.5))
-    >>> cap = bump_ceiling(jnp.float32(jnp.inf), 10.0, watch, holding=True, steady=False)
-    >>> float(cap), float(bump_ceiling(cap, 1.0, watch, holding=True, steady=False))
-    (10.0, 10.0)
-    >>> float(bump_ceiling(cap, 9.0, watch._replace(best=jnp.float32(0.6)), holding=False,
-    ...                    steady=True))
-    inf
-  """
-  starts = holding & jnp.isinf(cap)
-  released = steady & (watch.ema <= watch.best)
-  return jnp.where(released, jnp.inf, jnp.where(starts, previous_gain, cap))
-
-
-def _watched_gain(gain, state, watch, learnt, rules_off, *, steady, healthy, step_batch,
-                  base_batch_size):
-  """The gain after the watch's rules, and the bump's ceiling (`bump_ceiling`) after this step.
-
-  No rise while the loss sits off its best (`_no_rise_off_best`), not past a
-  bump's ceiling, and held to √(B/B0) at the step's batch B until the run has
-  learnt, at a fixed batch as on a growing one; each but the rules in `rules_off`
-  ("climb_share", "bump_ceiling", "gain_hold_until_learnt").
+  No rise while the loss sits off its best (`_no_rise_off_best`), and held to
+  √(B/B0) at the step's batch B until the run has learnt, at a fixed batch as on a
+  growing one; each but the rules in `rules_off` ("climb_share",
+  "gain_hold_until_learnt").
   """
   if "climb_share" not in rules_off:
     gain = _no_rise_off_best(gain, state.gain, watch, learnt)
-  cap = state.gain_cap
-  if "bump_ceiling" not in rules_off:
-    cap = bump_ceiling(cap, state.gain, watch, holding=healthy & ~steady, steady=steady)
-    gain = jnp.minimum(gain, cap)
   if "gain_hold_until_learnt" in rules_off:
-    return gain, cap
-  return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size), cap
+    return gain
+  return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
 
 
 def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
@@ -465,7 +429,7 @@ def adaptive(
     base_steps: int,
     warmup_steps: int = 0,
     gain_rule: str = "linear",
-    noise_decay: float = 0.99,
+    noise_decay: float = NOISE_DECAY,
     signal_decay: float | None = SIGNAL_DECAY,
     batch_sizes: Sequence[int] | None = None,
     step_price: float = STEP_PRICE,
@@ -490,10 +454,8 @@ def adaptive(
       the progress τ reaches it.
     warmup_steps: W, the baseline's warmup in steps (LEGW keeps it in steps).
     gain_rule: "linear" (lr × r, AdaScale's rule for SGD) or "sqrt" (lr × √r).
-    noise_decay: EMA decay of the noise-scale estimates, per measurement. The
-      default 0.99 (a ~100-measurement horizon) is long enough that a passing loss
-      bump does not read as pure noise (the evidence: docs/results/engine_rules.md,
-      'The EMA horizons').
+    noise_decay: EMA decay of the noise-scale estimates, per measurement,
+      `NOISE_DECAY` (0.99, a ~100-measurement horizon) by default.
     signal_decay: the |G|² EMA's own decay per measurement (`update_noise_scale`),
       `SIGNAL_DECAY` (0.97) by default: |G|² falls faster than tr Σ, and at a high gain a
       100-step horizon reads B_noise low; None: `noise_decay` (one horizon).
@@ -512,10 +474,9 @@ def adaptive(
       `make_optimizer` set at each step from its batch (k = B/B0) and the LR
       factor its gain applied (`dateopt.date._adam_scaling.rung_hyperparams`).
     rules_off: `ENGINE_RULES` switched off, to measure what each buys (an ablation;
-      "gain_rise_bound" takes the |G|² ≤ 0 hold with it, "rising_hold" the bump's
-      ceiling, which only a hold sets; the rules of the watch need `value=` and a
-      `divergence_patience`, "credited_noise" and "early_climb" a ladder). Default: every
-      rule on.
+      "gain_rise_bound" takes the |G|² ≤ 0 hold with it; the rules of the watch need
+      `value=` and a `divergence_patience`, "credited_noise" and "early_climb" a ladder).
+      Default: every rule on.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
     `update(grads, state, params, grad_sq_norms=sq_norms)` with the step's
@@ -580,7 +541,7 @@ class _Engine(NamedTuple):
 
 def _engine(base_schedule: optax.Schedule, *, base_batch_size: int, batch_size: int,
             base_steps: int, warmup_steps: int = 0, gain_rule: str = "linear",
-            noise_decay: float = 0.99, signal_decay: float | None = SIGNAL_DECAY,
+            noise_decay: float = NOISE_DECAY, signal_decay: float | None = SIGNAL_DECAY,
             batch_sizes: Sequence[int] | None = None, step_price: float = STEP_PRICE,
             noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
             growth_interval: int = GROWTH_INTERVAL,
@@ -602,7 +563,7 @@ def _engine(base_schedule: optax.Schedule, *, base_batch_size: int, batch_size: 
 
 
 def _init_state(engine: _Engine, inner_state: Any) -> AdaptiveState:
-  """The engine before its first step: no progress, the first rung, gain 1, no ceiling."""
+  """The engine before its first step: no progress, the first rung, gain 1."""
   first_batch = jnp.asarray(engine.ladder[0] if engine.ladder else engine.batch_size, jnp.int32)
   nan = jnp.full((), jnp.nan, jnp.float32)
   nothing_seen = Observation(nan, nan, jnp.zeros((), jnp.int32), first_batch, nan,
@@ -610,8 +571,8 @@ def _init_state(engine: _Engine, inner_state: Any) -> AdaptiveState:
                              jnp.zeros((), jnp.int32))
   return AdaptiveState(inner_state, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
                        init_noise_scale(), first_batch, jnp.ones((), jnp.float32), first_batch,
-                       init_watch(), jnp.full((), jnp.inf, jnp.float32),
-                       jnp.asarray(PHASES.index("warmup"), jnp.int32), nothing_seen)
+                       init_watch(), jnp.asarray(PHASES.index("warmup"), jnp.int32),
+                       nothing_seen)
 
 
 class _Decision(NamedTuple):
@@ -674,17 +635,17 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
   step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
   learnt = has_learnt(watch) if watching else None  # static: only the watch knows
-  gain, cap = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
-                         steady=steady, healthy=healthy, watching=watching)
+  gain = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
+                    steady=steady, healthy=healthy, watching=watching)
   ramp = _legw_ramp(state.count, engine.warmup_steps)
   lr_factor = _gain_multiplier(gain, engine.gain_rule)
   lr = ramp * lr_factor * engine.base_schedule(
       jnp.maximum(state.progress, float(engine.warmup_steps)))
   # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
   lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
-  next_batch = _next_batch(engine, state, watch, state.count + 1, noise, read, cap, learnt,
+  next_batch = _next_batch(engine, state, watch, state.count + 1, noise, read, learnt,
                            steady=steady, watching=watching)
-  stepped = _stepped(state, watch, noise, ramp=ramp, gain=gain, cap=cap,
+  stepped = _stepped(state, watch, noise, ramp=ramp, gain=gain,
                      step_batch=step_batch, next_batch=next_batch, lr_multiplier=lr_multiplier,
                      healthy=healthy, held=steady & (gain < measured))
   seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size,
@@ -695,7 +656,7 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
       engine, state, stepped, watch, noise, skip, seen)))
 
 
-def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, cap, step_batch, next_batch,
+def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, step_batch, next_batch,
              lr_multiplier, healthy, held) -> AdaptiveState:
   """The engine after a step taken: the progress credited the share of the LR it applied
   (nothing while diverged), its gain and batch, and `held` counted (the trust rules, not the
@@ -707,7 +668,7 @@ def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, cap, step_batch,
   return AdaptiveState(
       state.inner_state, state.progress + ramp * credited, state.count + 1, noise, next_batch,
       gain, jnp.asarray(step_batch, jnp.int32),
-      watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), cap, state.phase,
+      watch._replace(gains_held=watch.gains_held + held.astype(jnp.int32)), state.phase,
       state.observation)
 
 
@@ -781,25 +742,25 @@ def _step_reading(engine: _Engine, state: AdaptiveState, noise, grad_sq_norms):
 
 def _step_gain(engine: _Engine, state: AdaptiveState, watch, noise, measured, step_batch,
                learnt, *, steady, healthy, watching):
-  """The gain the step applies and the bump's ceiling after it: the measured gain, settled
-  (`_settled_gain`), 1 on a rising loss, then the watch's rules (`_watched_gain`)."""
+  """The gain the step applies: the measured gain, settled (`_settled_gain`), 1 on a rising
+  loss, then the watch's rules (`_watched_gain`)."""
   trusted = (noise.grad_sq_ema > 0) & healthy
   gain = _settled_gain(measured, state, trusted, step_batch, engine.off, healthy)
   gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
   if not watching:  # static: the watch's rules on the gain need the loss
-    return gain, state.gain_cap
-  return _watched_gain(gain, state, watch, learnt, engine.off, steady=steady, healthy=healthy,
-                       step_batch=step_batch, base_batch_size=engine.base_batch_size)
+    return gain
+  return _watched_gain(gain, state, watch, learnt, engine.off, step_batch=step_batch,
+                       base_batch_size=engine.base_batch_size)
 
 
-def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read, cap, learnt,
-                *, steady, watching):
+def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read, learnt, *,
+                steady, watching):
   """The batch asked for at the next step: the same on a fixed batch; on a ladder, the
   growth rule's (`_climb`) on a steady run, and the early climb before the run has learnt."""
   if not engine.ladder:
     return state.batch_size
   # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-  may_climb = (steady & _may_climb(watch, engine.off) & jnp.isinf(cap)) if watching else steady
+  may_climb = (steady & _may_climb(watch, engine.off)) if watching else steady
   next_batch = jnp.where(may_climb,
                          _climb(state.batch_size, count, read, engine.ladder,
                                 engine.warmup_steps, engine.step_price, engine.growth_interval),
@@ -968,8 +929,7 @@ def _batch_engine(opt_state: Any) -> Any:
 
 
 #: What `replay` gives for each step, the engine's decisions: also what the trainer records.
-DECISIONS = ("phase", "gain", "progress", "batch_size", "count", "gain_cap", "diverged_steps",
-             "gave_up")
+DECISIONS = ("phase", "gain", "progress", "batch_size", "count", "diverged_steps", "gave_up")
 
 
 def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
@@ -981,7 +941,7 @@ def replay(observations: Sequence[Any], base_schedule: optax.Schedule, *,
   were finite. `replay` feeds a run's observations, in order, to the same code
   and returns what it decided after each: `DECISIONS` ("phase" by name of
   `PHASES`, "gain", "progress", "batch_size" asked of the next step, "count",
-  "gain_cap", "diverged_steps", "gave_up"), "learning_rate", the LR it set
+  "diverged_steps", "gave_up"), "learning_rate", the LR it set
   (or would have set, on a step it did not take), and "step_batch", the batch
   the step had. A step whose `seen` count is the last one's never reached the
   engine (a guard outside it rejected the step): its decisions are the last. Given the settings the run
@@ -1051,7 +1011,7 @@ def decisions(state: AdaptiveState) -> dict[str, Any]:
   """The engine's `DECISIONS` after a step, as Python values (the phase by name)."""
   values = {"phase": PHASES[int(state.phase)], "gain": float(state.gain),
             "progress": float(state.progress), "batch_size": int(state.batch_size),
-            "count": int(state.count), "gain_cap": float(state.gain_cap),
+            "count": int(state.count),
             "diverged_steps": int(state.watch.diverged_steps),
             "gave_up": bool(state.watch.gave_up)}
   return {name: values[name] for name in DECISIONS}

@@ -11,10 +11,10 @@ diverged at least once (with every rule on, the study's runs are healthy: there,
 alarms). A fixed batch runs no rule that only a ladder has (`LADDER_RULES`).
 
 Example:
-  >>> cells = ablation_grid(["lstm"], rules=("bump_ceiling", "early_climb"), seeds=(0,))
+  >>> cells = ablation_grid(["lstm"], rules=("climb_share", "early_climb"), seeds=(0,))
   >>> [c.key for c in cells]  # doctest: +NORMALIZE_WHITESPACE
   ['lstm/baseline/1x/seed0', 'lstm/adaptive/64x/seed0', 'lstm/adaptive_grow/64x/seed0',
-   'lstm/adaptive/64x/off:bump_ceiling/seed0', 'lstm/adaptive_grow/64x/off:bump_ceiling/seed0',
+   'lstm/adaptive/64x/off:climb_share/seed0', 'lstm/adaptive_grow/64x/off:climb_share/seed0',
    'lstm/adaptive_grow/64x/off:early_climb/seed0']
 """
 
@@ -23,12 +23,10 @@ from __future__ import annotations
 import statistics
 from typing import Any, Mapping, Sequence
 
-from dateopt.date._progress import ENGINE_RULES
+from dateopt.date._progress import ENGINE_RULES, LADDER_RULES
 from dateopt.study.cells import ABLATION_PREFIX, STRATEGIES, Cell, is_ablation
 from dateopt.study.compare import DATE_METHODS, quality, quality_bar
 
-# Rules that only a growing batch has: a fixed batch's run with one off is the run with all on.
-LADDER_RULES = ("credited_noise", "early_climb")
 
 
 def ablation_grid(workloads: Sequence[str], *, rules: Sequence[str] = ENGINE_RULES,

@@ -44,7 +44,7 @@ def engine_metrics(adaptive: progress_lib.AdaptiveState) -> dict[str, Any]:
   """What `engine.jsonl` records of a step, from the engine's state after it (arrays)."""
   decided = {"phase": adaptive.phase, "gain": adaptive.gain, "progress": adaptive.progress,
              "batch_size": adaptive.batch_size, "count": adaptive.count,
-             "gain_cap": adaptive.gain_cap, "diverged_steps": adaptive.watch.diverged_steps,
+             "diverged_steps": adaptive.watch.diverged_steps,
              "gave_up": adaptive.watch.gave_up}
   return {PREFIX + name: value
           for name, value in {**adaptive.observation._asdict(), **decided}.items()}
@@ -137,6 +137,96 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
   return ReplayReport(len(rows), first is None, first, replayed)
 
 
+#: What a replay with a rule off is compared on: a rule acts where one of these first differs.
+ACTION = ("phase", "gain", "progress", "batch_size", "count", "learning_rate", "diverged_steps",
+          "gave_up")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleAction:
+  """Where switching `rule` off first changes what the engine did on a run (`rules_that_act`):
+  `step` (None: at no step, the rule never acted) and, there, each of `ACTION` that differs
+  as (as run, with the rule off)."""
+  rule: str
+  step: int | None
+  changed: dict[str, tuple[Any, Any]]
+
+
+def rules_that_act(workdir: str | os.PathLike,
+                   rules: Sequence[str] = progress_lib.ENGINE_RULES) -> list[RuleAction]:
+  """Each rule of `rules` switched off in a replay of an adaptive run's readings: the first
+  step at which the engine would have decided otherwise, or None where it never would.
+
+  A rule that never acts on a run buys nothing on it, exactly: with it off, every step
+  decides the same, so the model sees the same LR and batch and shows the same readings.
+  Where a rule acts, the replay says where, not what it bought (the readings after that step
+  would have differed): that takes a run with the rule off (`python -m dateopt.study
+  --ablate`). The run's own replay must be exact first (`replay_run`), else ValueError.
+  `dateopt-replay WORKDIR --rules` prints the answer.
+
+  Example:
+    >>> [a.step for a in rules_that_act("runs/lm_grown", ("climb_share", "early_climb"))]
+    [None, 20]
+  """
+  root = workdirs.as_path(workdir)
+  report = replay_run(root)
+  if not report.exact:
+    step, differing = report.first_mismatch
+    raise ValueError(f"{root}: the run's own replay differs at step {step} ({differing}): "
+                     f"this engine is not the one that ran it, so no rule can be judged on it.")
+  stored = json.loads((root / recipe_record.RECIPE_FILE).read_text())
+  schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
+  settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
+  return first_actions(_engine_rows(root), schedule, rules, as_run=report.replayed,
+                       **settings)
+
+
+def first_actions(observations: Sequence[Mapping[str, Any]], base_schedule, rules: Sequence[str],
+                  *, as_run: Sequence[Mapping[str, Any]] | None = None, **settings
+                  ) -> list[RuleAction]:
+  """`rules_that_act` on a run's `observations` (`date.replay`'s input) and the `settings` it
+  ran with: each rule off in turn, against the replay as run (`as_run`, replayed if None).
+  A rule that only a growing batch has (`LADDER_RULES`) is left out on a fixed batch, a rule
+  the run already had off too."""
+  as_run = as_run or progress_lib.replay(observations, base_schedule, **settings)
+  had_off = tuple(settings.get("rules_off", ()))
+  actions = []
+  for rule in rules:
+    progress_lib.check_rules_off((rule,))
+    if rule in had_off or (rule in progress_lib.LADDER_RULES and not settings.get("batch_sizes")):
+      continue  # static: the run had no such rule
+    off = progress_lib.replay(observations, base_schedule,
+                              **dict(settings, rules_off=had_off + (rule,)))
+    actions.append(_first_action(rule, as_run, off))
+  return actions
+
+
+def rule_lines(actions: Sequence[RuleAction]) -> str:
+  """`rules_that_act`'s answer, a line a rule: where it first acts, or that it never does."""
+  def line(action):
+    if action.step is None:
+      return f"{action.rule:24} never acts: off, every step decides the same"
+    changed = ", ".join(f"{name} {_short(a)} → {_short(b)}"
+                        for name, (a, b) in action.changed.items())
+    return f"{action.rule:24} acts from step {action.step}: {changed}"
+  return "\n".join(map(line, actions))
+
+
+def _short(value: Any) -> str:
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _first_action(rule: str, as_run: Sequence[Mapping[str, Any]],
+                  rule_off: Sequence[Mapping[str, Any]]) -> RuleAction:
+  """Where `rule_off`'s decisions first differ from `as_run`'s (NaN equals NaN)."""
+  same = lambda a, b: a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b))
+  for step, (a, b) in enumerate(zip(as_run, rule_off), start=1):
+    changed = {name: (a[name], b[name]) for name in ACTION if not same(a[name], b[name])}
+    if changed:
+      return RuleAction(rule, step, changed)
+  return RuleAction(rule, None, {})
+
+
 def _engine_rows(root) -> list[dict[str, Any]]:
   """`engine.jsonl`'s rows, or those of a kept `engine.jsonl.gz` (tests/data/engine_runs)."""
   path, packed = root / ENGINE_FILE, root / (ENGINE_FILE + ".gz")
@@ -205,20 +295,29 @@ def rung_table(replayed: Sequence[Mapping[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-  """`dateopt-replay WORKDIR [--rungs]`: `replay_run`'s answer in a line (status 0 when exact,
-  else 1), and with `--rungs` the table of what the engine did at each batch (`rung_table`)."""
+  """`dateopt-replay WORKDIR [--rungs] [--rules [RULE,...]]`: `replay_run`'s answer in a line
+  (status 0 when exact, else 1), with `--rungs` the table of what the engine did at each batch
+  (`rung_table`), with `--rules` where each engine rule first acts (`rules_that_act`)."""
   parser = argparse.ArgumentParser(
       prog="dateopt-replay", description="Re-runs DATE's engine on an adaptive run's recorded "
       "readings and compares its decisions with the recorded ones.")
   parser.add_argument("workdir")
   parser.add_argument("--rungs", action="store_true",
                       help="also print the gain, LR, progress and phases at each batch")
+  parser.add_argument("--rules", nargs="?", const="all", metavar="RULE,...",
+                      help="also replay with each engine rule (default: all) off in turn and "
+                      "print the first step it changes, or that it never acts on this run")
   args = parser.parse_args(argv)
   try:
     report = replay_run(args.workdir)
+    rules = (progress_lib.ENGINE_RULES if args.rules == "all"
+             else tuple(r for r in (args.rules or "").split(",") if r))
+    actions = rules_that_act(args.workdir, rules) if args.rules and report.exact else None
   except (OSError, ValueError) as error:  # no such workdir, no adaptive run, a partial log
     print(f"dateopt-replay: error: {error}", file=sys.stderr)
     return 2
+  if actions is not None:
+    print(rule_lines(actions) + "\n")
   if args.rungs:
     print(rung_table(report.replayed) + "\n")
   if report.exact:

@@ -34,6 +34,7 @@ from dateopt.train.layout import BatchLayout
 from dateopt.validation import check_range
 from dateopt.date import _batch_schedules as batch_schedules_lib
 from dateopt.date import _builder as builder_lib
+from dateopt.date import _noise as noise_lib
 
 
 @dataclasses.dataclass
@@ -287,7 +288,7 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
 
 
 def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """`config.engine_rules_off` ("early_climb,bump_ceiling") as rule names, each checked
+  """`config.engine_rules_off` ("early_climb,climb_share") as rule names, each checked
   against `dateopt.date._progress.ENGINE_RULES`."""
   value = config.get("engine_rules_off", "") or ""
   if not isinstance(value, str):
@@ -309,7 +310,7 @@ def engine_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
   check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
               high_inclusive=False, allow_none=False)
   check_range("config.divergence_patience", config.divergence_patience, low=0)
-  return {"noise_decay": 0.99 ** config.measure_every_steps,
+  return {"noise_decay": noise_lib.NOISE_DECAY ** config.measure_every_steps,
           "signal_decay": config.signal_decay ** config.measure_every_steps,
           "divergence_patience": config.divergence_patience or None,
           "rules_off": engine_rules_off(config)}

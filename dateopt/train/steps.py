@@ -259,7 +259,6 @@ def optimizer_metrics(opt_state: Any, recipe: date.Recipe | None = None,
     out["date/diverged_steps"] = adaptive.watch.diverged_steps  # 0: healthy
     out["date/divergences"] = adaptive.watch.divergences  # so far: a healthy run's stay 0
     out["date/rising_loss_steps"] = adaptive.watch.holds  # steps walked at gain 1, unmeasured
-    out["date/gain_cap"] = adaptive.gain_cap  # a bump's ceiling on the gain; inf: none
     out["date/lr_scale"] = adaptive.watch.lr_scale
     out["date/gave_up"] = adaptive.watch.gave_up.astype(jnp.int32)
     out["date/phase"] = adaptive.phase  # an index into PHASES (docs/guides/training.md)
