@@ -24,8 +24,9 @@ from dateopt.train import engine_log
 
 def screen_row(workdir: pathlib.Path) -> str:
   """One run's row: its name, its steps, and where each rule first acts."""
-  actions = {a.rule: a.step for a in engine_log.rules_that_act(workdir)}
-  steps = engine_log.replay_run(workdir).steps
+  report = engine_log.replay_run(workdir)
+  actions = {a.rule: a.step for a in engine_log.rules_that_act(workdir, report=report)}
+  steps = report.steps
   cells = [("" if rule not in actions else "—" if actions[rule] is None
             else str(actions[rule])) for rule in ENGINE_RULES]
   return f"| {workdir.name} | {steps:,} | " + " | ".join(cells) + " |"

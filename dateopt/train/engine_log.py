@@ -138,8 +138,7 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
 
 
 #: What a replay with a rule off is compared on: a rule acts where one of these first differs.
-ACTION = ("phase", "gain", "progress", "batch_size", "count", "learning_rate", "diverged_steps",
-          "gave_up")
+ACTION = progress_lib.DECISIONS + ("learning_rate",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +152,8 @@ class RuleAction:
 
 
 def rules_that_act(workdir: str | os.PathLike,
-                   rules: Sequence[str] = progress_lib.ENGINE_RULES) -> list[RuleAction]:
+                   rules: Sequence[str] = progress_lib.ENGINE_RULES, *,
+                   report: ReplayReport | None = None) -> list[RuleAction]:
   """Each rule of `rules` switched off in a replay of an adaptive run's readings: the first
   step at which the engine would have decided otherwise, or None where it never would.
 
@@ -162,14 +162,15 @@ def rules_that_act(workdir: str | os.PathLike,
   Where a rule acts, the replay says where, not what it bought (the readings after that step
   would have differed): that takes a run with the rule off (`python -m dateopt.study
   --ablate`). The run's own replay must be exact first (`replay_run`), else ValueError.
-  `dateopt-replay WORKDIR --rules` prints the answer.
+  `dateopt-replay WORKDIR --rules` prints the answer. `report`: the run's `replay_run`, where
+  the caller has it already.
 
   Example:
     >>> [a.step for a in rules_that_act("runs/lm_grown", ("climb_share", "early_climb"))]
     [None, 20]
   """
   root = workdirs.as_path(workdir)
-  report = replay_run(root)
+  report = report or replay_run(root)
   if not report.exact:
     step, differing = report.first_mismatch
     raise ValueError(f"{root}: the run's own replay differs at step {step} ({differing}): "
@@ -312,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     report = replay_run(args.workdir)
     rules = (progress_lib.ENGINE_RULES if args.rules == "all"
              else tuple(r for r in (args.rules or "").split(",") if r))
-    actions = rules_that_act(args.workdir, rules) if args.rules and report.exact else None
+    actions = (rules_that_act(args.workdir, rules, report=report)
+               if args.rules and report.exact else None)
   except (OSError, ValueError) as error:  # no such workdir, no adaptive run, a partial log
     print(f"dateopt-replay: error: {error}", file=sys.stderr)
     return 2
