@@ -74,10 +74,10 @@ def run_frontier(folder: str, prices: list[float]) -> dict:
   if not finished:
     raise ValueError(f"{folder}: metrics.jsonl has no run/steps summary; the run did not finish.")
   last = finished[-1]
-  law = {price: planner_lib.plan_predicted_budget(recipe.replace(step_price=price), profile,
+  law = {price: planner_lib.plan_predicted_budget(recipe.replace(engine=dict(recipe.engine, step_price=price)), profile,
                                           read_at_batch_size=recipe.batch_size)
          for price in prices}
-  return {"run": folder, "price": recipe.step_price, "steps": int(last["run/steps"]),
+  return {"run": folder, "price": recipe.engine["step_price"], "steps": int(last["run/steps"]),
           "examples_vs_baseline": float(last["run/examples_vs_baseline"]), "law": law}
 
 

@@ -14,5 +14,5 @@ def get_config():
   config.log_every_steps = 10
   # Its baseline stays at chance (10%): DATE's divergence watch would rightly stop the
   # adaptive cells (no learning by a quarter of the progress). The test is of the grid.
-  config.divergence_patience = 0
+  config.divergence_watch = False
   return config

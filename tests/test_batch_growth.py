@@ -27,6 +27,7 @@ from dateopt.date import _progress as progress_lib
 from dateopt.date import _recipe as recipe_lib
 
 import tiny_config
+import engine_options  # tests/engine_options.py
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def test_growth_rule_stops_at_the_rung_that_makes_progress_cheapest(step_price):
     for upper in ladder[1:]:
       if not progress_lib.wants_next_rung(
           100, noise, batch_size=climbed, next_batch_size=upper, max_batch_size=ladder[-1],
-          warmup_steps=0, step_price=step_price):
+          warmup_steps=0, step_price=step_price, growth_interval=20):
         break
       climbed = upper
     cost = {b: (b + price) / noise_lib.adascale_gain(noise, 32, b) for b in ladder}
@@ -91,18 +92,18 @@ def _sq_norms(noise_scale, batch, groups=4, grad_sq=1.0):
   return date.GradientSqNorms(grad_sq + trace / small, grad_sq + trace / batch, small, batch)
 
 
-def _engine(ladder, warmup=0, step_price=1.0, growth_interval=progress_lib.GROWTH_INTERVAL,
+def _engine(ladder, warmup=0, step_price=1.0, growth_interval=date.EngineConfig().growth_interval,
             noise_batch_exponent=0.0):
   """A growing engine; by default (α = 0) it reads each rung's noise scale as measured."""
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), base_batch_size=ladder[0],
+                       optax.constant_schedule(0.1), **engine_options.options(base_batch_size=ladder[0],
                        batch_size=ladder[-1], base_steps=10_000, warmup_steps=warmup,
                        batch_sizes=ladder, step_price=step_price, noise_decay=0.0,
                        growth_interval=growth_interval,
-                       noise_batch_exponent=noise_batch_exponent)
+                       noise_batch_exponent=noise_batch_exponent))
 
 
-@pytest.mark.parametrize("exponent", [0.0, recipe_lib.NOISE_BATCH_EXPONENT])
+@pytest.mark.parametrize("exponent", [0.0, date.EngineConfig().noise_batch_exponent])
 def test_engine_climbs_one_rung_per_interval_and_credits_the_gain_of_the_step_batch(exponent):
   tx = _engine((32, 64, 128, 256), warmup=5, noise_batch_exponent=exponent)
   params = {"w": jnp.ones(3)}
@@ -169,7 +170,7 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
 def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root_gain():
   """A plateau's measured noise scale is high: the batch climbs from its first look to
   EARLY_RUNGS × B0 (512), at a gain held to √(B/B0), and the rest waits for the run to learn."""
-  assert progress_lib.EARLY_RUNGS * 32 == 512
+  assert date.EngineConfig().early_rungs * 32 == 512
   tx = _engine(date.batch_ladder(32, 1024), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen, gains = tx.init(params), jax.jit(tx.update), [], []
@@ -192,7 +193,7 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
   # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024; the gain, free,
   # rises at most GAIN_RISE a step from √16.
   assert seen[140:] == [1024] * 20
-  rise = 1 + progress_lib.GAIN_RISE
+  rise = 1 + date.EngineConfig().gain_rise
   assert gains[137:139] == pytest.approx([4 * rise, 4 * rise ** 2], rel=1e-6)
 
 
@@ -201,8 +202,8 @@ def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
   resolved either: the gain is held to √8 until the run has learnt, then rises at most
   GAIN_RISE a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                     optax.constant_schedule(0.1), base_batch_size=32, batch_size=256,
-                     base_steps=10_000, warmup_steps=50, noise_decay=0.0)
+                     optax.constant_schedule(0.1), **engine_options.options(base_batch_size=32, batch_size=256,
+                     base_steps=10_000, warmup_steps=50, noise_decay=0.0))
   params = {"w": jnp.ones(2)}
   state, update, gains = tx.init(params), jax.jit(tx.update), []
   for loss in [2.3] * 50 + [1.9] * 20 + [1.4] * 30:
@@ -211,7 +212,7 @@ def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
     gains.append(float(state.gain))
   assert noise_lib.adascale_gain(1000.0, 32, 256) == pytest.approx(6.57, abs=0.01)  # the hold binds
   assert gains[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
-  rise = 1 + progress_lib.GAIN_RISE
+  rise = 1 + date.EngineConfig().gain_rise
   assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
 
 
@@ -219,7 +220,7 @@ def test_the_early_climb_stops_below_the_largest_rung():
   """A ladder that ends at EARLY_RUNGS × B0 (512): on the plateau the looks at steps 20, 40 and
   60 climb to 64, 128 and 256, and the one at 80 does not take 512, which waits for the run to
   learn (the growth rule then reads B_noise 1,000: 256 · 512 ≤ 512 · 1,000)."""
-  tx = _engine(date.batch_ladder(32, 32 * progress_lib.EARLY_RUNGS), warmup=50)
+  tx = _engine(date.batch_ladder(32, 32 * date.EngineConfig().early_rungs), warmup=50)
   params = {"w": jnp.ones(2)}
   state, update, seen = tx.init(params), jax.jit(tx.update), []
   for loss in [2.3] * 110 + [1.0] * 30:  # learnt (0.8 · 2.3) a few steps after step 110
@@ -244,8 +245,8 @@ def test_the_batch_does_not_climb_while_the_loss_wobbles_above_its_best(wobble, 
     _, state = update({"w": jnp.ones(2)}, state, params,
                       grad_sq_norms=_sq_norms(1000.0, seen[-1]), value=loss)
     if len(seen) == 100:
-      assert not bool(divergence_lib.loss_rising(state.watch))
-      assert bool(divergence_lib.may_grow_batch(state.watch)) == (first_climb == 100)
+      assert not bool(divergence_lib.loss_rising(state.watch, date.EngineConfig()))
+      assert bool(divergence_lib.may_grow_batch(state.watch, date.EngineConfig())) == (first_climb == 100)
   assert seen.index(64) == first_climb
 
 
@@ -290,28 +291,28 @@ def test_a_plain_optax_loop_follows_the_engine():
 
 # --- The planner ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("exponent", [0.0, recipe_lib.NOISE_BATCH_EXPONENT])
+@pytest.mark.parametrize("exponent", [0.0, date.EngineConfig().noise_batch_exponent])
 @pytest.mark.parametrize("noise, batch, warmup", [(500.0, 2048, 75), (50.0, 512, 0),
                                                   (3000.0, 1024, 10)])
 def test_budget_of_a_fixed_batch_is_the_closed_form(noise, batch, warmup, exponent):
   # The baseline's B_noise, read at batch B as B_noise·(B/B0)^α (the batch trend).
-  budget = date.predicted_budget(noise, base_batch_size=32, batch_sizes=(batch,),
+  budget = date.predicted_budget(noise, **engine_options.options(base_batch_size=32, batch_sizes=(batch,),
                                  base_steps=7500, warmup_steps=warmup,
-                                 noise_batch_exponent=exponent)
+                                 noise_batch_exponent=exponent))
   assert budget["steps"] == noise_lib.predicted_steps(
       noise * (batch / 32) ** exponent, base_batch_size=32, batch_size=batch, base_steps=7500,
       warmup_steps=warmup)
   assert budget["examples"] == budget["steps"] * batch
 
 
-@pytest.mark.parametrize("exponent, top", [(0.0, 256), (recipe_lib.NOISE_BATCH_EXPONENT, 512)])
+@pytest.mark.parametrize("exponent, top", [(0.0, 256), (date.EngineConfig().noise_batch_exponent, 512)])
 def test_budget_of_a_growing_batch_by_hand(exponent, top):
   # The baseline's B_noise = 200 throughout, credited as B_max = 512 reads it: 200·16^α (α = 0:
   # 200; α = 0.2: 348). No warmup, a step priced at B_max, interval 20: B·B' ≤ 512·read takes
   # rungs 32, 64, 128, 256, then 512 only when 256·512 = 131,072 ≤ 512·read (α = 0.2).
   read = 200.0 * 16 ** exponent
-  budget = date.predicted_budget(200.0, base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
-                                 base_steps=1000, step_price=1.0, noise_batch_exponent=exponent)
+  budget = date.predicted_budget(200.0, **engine_options.options(base_batch_size=32, batch_sizes=(32, 64, 128, 256, 512),
+                                 base_steps=1000, step_price=1.0, noise_batch_exponent=exponent))
   rungs = [b for b in (32, 64, 128, 256, 512) if b <= top]
   gains = [noise_lib.adascale_gain(read, 32, b) for b in rungs]
   covered = 20 * sum(gains[:-1])   # 20 steps at each rung below the top
@@ -330,16 +331,16 @@ def test_a_profile_logged_at_the_largest_batch_plays_as_logged():
   # Read at B_max, the credit (B_max/B_max)^α is 1: a run at B_max plays out as with α = 0.
   profile = [200.0, 900.0, 2500.0]
   kwargs = dict(base_batch_size=32, base_steps=1000, warmup_steps=20)
-  fixed = date.predicted_budget(profile, batch_sizes=(512,), read_at_batch_size=512, **kwargs)
-  assert fixed == date.predicted_budget(profile, batch_sizes=(512,), noise_batch_exponent=0.0,
-                                        **kwargs)
+  fixed = date.predicted_budget(profile, **engine_options.options(batch_sizes=(512,), read_at_batch_size=512, **kwargs))
+  assert fixed == date.predicted_budget(profile, **engine_options.options(batch_sizes=(512,), noise_batch_exponent=0.0,
+                                        **kwargs))
   # On a ladder the smaller rungs read less than the logged profile and are credited back up to
   # it; what the EMAs carry over a growth is a smaller rung's, so never fewer steps than α = 0.
   # Read at B0 the profile is credited up by 16^α: fewer steps.
   ladder = date.batch_ladder(32, 512)
-  logged = date.predicted_budget(profile, batch_sizes=ladder, read_at_batch_size=512, **kwargs)
-  flat = date.predicted_budget(profile, batch_sizes=ladder, noise_batch_exponent=0.0, **kwargs)
-  at_base = date.predicted_budget(profile, batch_sizes=ladder, **kwargs)
+  logged = date.predicted_budget(profile, **engine_options.options(batch_sizes=ladder, read_at_batch_size=512, **kwargs))
+  flat = date.predicted_budget(profile, **engine_options.options(batch_sizes=ladder, noise_batch_exponent=0.0, **kwargs))
+  at_base = date.predicted_budget(profile, **engine_options.options(batch_sizes=ladder, **kwargs))
   assert at_base["steps"] < flat["steps"] <= logged["steps"] <= flat["steps"] * 1.05
   with pytest.raises(ValueError, match="read_at_batch_size"):
     date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder, base_steps=1000,
@@ -351,10 +352,10 @@ def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_s
   (tr Σ/|G|² = B_noise at the progress × the batch trend (B/B0)^α, tr Σ + |G|² = 1): the
   second path."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                     optax.constant_schedule(0.1), base_batch_size=32, batch_size=ladder[-1],
+                     optax.constant_schedule(0.1), **engine_options.options(base_batch_size=32, batch_size=ladder[-1],
                      base_steps=base_steps, warmup_steps=warmup_steps,
                      batch_sizes=ladder if len(ladder) > 1 else None,
-                     divergence_patience=None if losses is None else 100)
+                     divergence_patience=None if losses is None else 100))
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
 
@@ -368,7 +369,7 @@ def _adaptive_loop_on_a_profile(profile, losses, *, ladder, base_steps, warmup_s
   while not (date.progress_done(state, base_steps) or date.gave_up(state)):
     batch, progress = int(state.batch_size), float(state.progress)
     noise = profile[min(int(progress * len(profile) / base_steps), len(profile) - 1)]
-    noise *= (batch / 32) ** recipe_lib.NOISE_BATCH_EXPONENT
+    noise *= (batch / 32) ** date.EngineConfig().noise_batch_exponent
     loss = None if losses is None else float(np.interp(progress / base_steps,
                                                         np.linspace(0, 1, len(losses)), losses))
     count = int(state.count)
@@ -391,15 +392,15 @@ def test_the_predicted_budget_is_the_engines_own_play_out(ladder, losses):
 
 def test_a_loss_profile_plays_out_the_plateau_and_a_run_that_never_learns_gives_up():
   kwargs = dict(base_batch_size=32, batch_sizes=(512,), base_steps=1500, warmup_steps=30)
-  falling = date.predicted_budget(200.0, **kwargs)
-  plateau = date.predicted_budget(200.0, losses=[2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6],
-                                  **kwargs)
+  falling = date.predicted_budget(200.0, **engine_options.options(**kwargs))
+  plateau = date.predicted_budget(200.0, **engine_options.options(losses=[2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6],
+                                  **kwargs))
   assert plateau["phase"] == falling["phase"] == "done"
   assert plateau["steps"] > falling["steps"]  # the gain held to √k until the loss has fallen
   # A loss that has not fallen by a quarter of the progress: the watch's no-learning rule.
-  assert date.predicted_budget(200.0, losses=[2.3, 2.3], **kwargs)["phase"] == "gave_up"
+  assert date.predicted_budget(200.0, **engine_options.options(losses=[2.3, 2.3], **kwargs))["phase"] == "gave_up"
   with pytest.raises(ValueError, match="losses"):
-    date.predicted_budget(200.0, losses=[], **kwargs)
+    date.predicted_budget(200.0, **engine_options.options(losses=[], **kwargs))
 
 
 def test_plan_and_explain_show_the_ladder_and_the_predicted_budget():
@@ -428,7 +429,7 @@ def test_grow_batch_is_refused_outside_the_adaptive_strategy():
   with pytest.raises(TypeError, match="a profile is for 'adaptive'"):
     date.plan(base, 512, "legw", noise_scale=[100.0, 200.0])
   with pytest.raises(ValueError, match="step_price"):
-    date.plan(base, 512, "adaptive", grow_batch=True, step_price=0.0)
+    date.plan(base, 512, "adaptive", grow_batch=True, engine={"step_price": 0.0})
 
 
 # --- The data stream ------------------------------------------------------------------------
@@ -461,7 +462,7 @@ def _growing_config(**overrides):
   # 20 steps after the warmup).
   return tiny_config.with_fields(**{
       "strategy": "adaptive", "batch_size": 128, "grad_groups": 4,
-      "plan": dict(grow_batch=True, step_price=1000.0), "log_every_steps": 5,
+      "plan": dict(grow_batch=True, engine={"step_price": 1000.0}), "log_every_steps": 5,
       "checkpoint_every_steps": -1, **overrides})
 
 

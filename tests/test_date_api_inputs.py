@@ -10,13 +10,14 @@ import pytest
 
 from dateopt import date
 from dateopt.date import _noise as noise_lib
+import engine_options  # tests/engine_options.py
 
 
 def _engine(make=lambda learning_rate: optax.adam(learning_rate),
             schedule=optax.constant_schedule(1e-2), **kwargs):
   options = dict(base_batch_size=32, batch_size=512, base_steps=1000, noise_decay=0.9)
   options.update(kwargs)
-  return date.adaptive(make, schedule, **options)
+  return date.adaptive(make, schedule, **engine_options.options(**options))
 
 
 PARAMS = {"w": jnp.ones(3)}

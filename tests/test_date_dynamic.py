@@ -17,6 +17,7 @@ from dateopt.date import _noise as noise_lib
 from dateopt.date import _stats as stats_lib
 from dateopt.date import _builder as builder_lib
 from dateopt.date import _planner as planner_lib
+import engine_options  # tests/engine_options.py
 
 # ---- noise scale: formulas ----------------------------------------------------
 
@@ -57,18 +58,18 @@ def test_the_signal_ema_keeps_a_horizon_of_its_own():
       same = noise_lib.update_noise_scale(same, sq, 0.9, signal_decay=signal_decay)
     want = 0.9 * (0.9 * 0.1 * 2.0 + 0.1 * 2.0) + 0.1 * 0.5  # the plain EMA, not corrected
     assert float(same.grad_sq_ema) == pytest.approx(want, rel=1e-5)
-  with pytest.raises(ValueError, match="signal_decay"):
-    date.measure_noise_scale(optax.sgd(0.1), signal_decay=1.0)
+  with pytest.raises(ValueError, match="EngineConfig.horizon"):  # a |G|² decay 1 − 3/2 < 0
+    date.measure_noise_scale(optax.sgd(0.1), config={"horizon": 2})
 
 
 def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
   """The engine reads with `signal_decay`: after |G|² falls from 4 to 1 (tr Σ 320), the
   20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's; by default
-  the engine reads at `noise_lib.SIGNAL_DECAY` (0.97)."""
+  the engine reads at `date.EngineConfig().signal_decay` (0.97)."""
   base = optax.constant_schedule(1e-3)
   make = lambda **signal: date.adaptive(
-      lambda learning_rate: optax.sgd(learning_rate), base, base_batch_size=32,
-      batch_size=512, base_steps=10_000, noise_decay=0.99, **signal)
+      lambda learning_rate: optax.sgd(learning_rate), base, **engine_options.options(base_batch_size=32,
+      batch_size=512, base_steps=10_000, noise_decay=0.99, **signal))
   params = {"w": jnp.ones(3)}
   sq = lambda g: date.GradientSqNorms(g + 320 / 64, g + 320 / 512, 64, 512)
   readings = []
@@ -82,12 +83,12 @@ def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
   # Hand arithmetic: the bias-corrected EMA at decay d gives the 100 old readings the weight
   # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231),
   # 0.286 at 0.97 (B_noise 172).
-  assert noise_lib.SIGNAL_DECAY == 0.97
+  assert date.EngineConfig().signal_decay == 0.97
   for got, d in zip(readings, (0.99, 0.95, 0.97)):
     old_share = (d ** 40 - d ** 140) / (1 - d ** 140)
     assert got == pytest.approx(320 / (4 * old_share + (1 - old_share)), rel=1e-4)
-  with pytest.raises(ValueError, match="signal_decay"):
-    make(signal_decay=1.0)
+  with pytest.raises(ValueError, match="EngineConfig.horizon"):
+    make(horizon=2)
 
 
 def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
@@ -95,15 +96,16 @@ def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
   tr Σ = 3,000 at B = 80: it enters as -4·(2 + 30/80) = -9.5 and 4·30 = 120 (hand arithmetic)."""
   steady = date.GradientSqNorms(5.0, 2.375, 10, 80)
   state = noise_lib.init_noise_scale()
-  # Before CLIP_AFTER measurements nothing is clipped: the first reading is 30 times the rest.
+  # Before `warm_in` measurements nothing is clipped: the first reading is 30 times the rest.
+  clip = dict(clip=4.0, clip_after=date.EngineConfig().warm_in)  # the engine's
   first = noise_lib.update_noise_scale(state, date.GradientSqNorms(2 + 900 / 10, 2 + 900 / 80, 10, 80),
-                                  0.9)
+                                  0.9, **clip)
   assert float(first.trace_ema) == pytest.approx(0.1 * 900.0, rel=1e-5)
-  for _ in range(noise_lib.CLIP_AFTER):
-    state = noise_lib.update_noise_scale(state, steady, 0.9)
+  for _ in range(date.EngineConfig().warm_in):
+    state = noise_lib.update_noise_scale(state, steady, 0.9, **clip)
   spike = date.GradientSqNorms(-500 + 3000 / 10, -500 + 3000 / 80, 10, 80)
   assert [float(x) for x in noise_lib.noise_estimates(spike)] == pytest.approx([-500, 3000], rel=1e-5)
-  after = noise_lib.update_noise_scale(state, spike, 0.9)
+  after = noise_lib.update_noise_scale(state, spike, 0.9, **clip)
   assert float(after.grad_sq_ema) == pytest.approx(0.9 * float(state.grad_sq_ema) - 0.95,
                                                    rel=1e-5)
   assert float(after.trace_ema) == pytest.approx(0.9 * float(state.trace_ema) + 12.0, rel=1e-5)
@@ -144,7 +146,7 @@ def _sample(key, n):
 
 def _measure_noise_scale(grads_and_sq_norms, steps=500):
   """Runs `measure_noise_scale` at the fixed point W with fresh batches each step."""
-  tx = date.measure_noise_scale(optax.sgd(0.0), noise_decay=0.99)
+  tx = date.measure_noise_scale(optax.sgd(0.0))  # a 100-step horizon: decay 0.99
 
   def body(state, key):
     grads, sq = grads_and_sq_norms(W, _sample(key, LOCAL_BATCH * REPLICAS))
@@ -480,7 +482,7 @@ def test_docstring_examples(module):
 def test_noise_scale_is_infinite_when_the_signal_estimate_is_not_positive():
   # |G|² estimate = (B_big·|G_b|² − B_small·|G_s|²)/(B_big − B_small) < 0 here.
   state = noise_lib.update_noise_scale(noise_lib.init_noise_scale(),
-                                  date.GradientSqNorms(5.0, 0.5, 10, 80))
+                                  date.GradientSqNorms(5.0, 0.5, 10, 80), 0.99)
   assert float(state.grad_sq_ema) < 0
   assert float(noise_lib.noise_scale(state)) == float("inf")
   assert np.isnan(float(noise_lib.noise_scale(noise_lib.init_noise_scale())))
@@ -557,9 +559,9 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
   sqs = [(float(s + 4 * n), float(s + n / 2), 8, 64)
          for s, n in zip(rng.uniform(0.5, 2, 40), rng.uniform(1, 30, 40))]
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                     lambda s: 0.1 * (1 - jnp.minimum(s, 60) / 60), base_batch_size=8,
+                     lambda s: 0.1 * (1 - jnp.minimum(s, 60) / 60), **engine_options.options(base_batch_size=8,
                      batch_size=64, base_steps=60, warmup_steps=5, gain_rule=rule,
-                     noise_decay=0.5)
+                     noise_decay=0.5))
   step = jax.jit(lambda g, s, p, sq: tx.update(g, s, p, grad_sq_norms=sq))
   params, state = jnp.ones(3), tx.init(jnp.ones(3))
   lrs = []
@@ -570,7 +572,7 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
     lrs.append(float(optax.tree.get(state, "learning_rate")))
   w, want_lrs, taus = _adaptive_numpy(grads, sqs, lr0=lr0, b0=8, b=64, base_steps=60,
                                       warmup=5, rule=rule, decay=0.5,
-                                      signal_decay=noise_lib.SIGNAL_DECAY)  # the engine's default
+                                      signal_decay=date.EngineConfig().signal_decay)  # the engine's default
   assert int(state.count) == len(want_lrs) < 40   # it stopped by itself
   assert float(state.progress) == pytest.approx(taus[-1], rel=1e-5) and taus[-1] >= 60
   np.testing.assert_allclose(lrs[:len(want_lrs)], want_lrs, rtol=1e-5)

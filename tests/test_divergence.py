@@ -23,6 +23,7 @@ from dateopt.date import _noise as noise_lib
 from dateopt.date import _progress as progress_lib
 
 import conftest
+import engine_options  # tests/engine_options.py
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -40,11 +41,12 @@ def test_docstring_examples():
 def _watch(losses, progress=0.1, patience=1000):
   """The watch after `losses`, and the steps it judged diverged."""
   state, flagged = divergence.init_watch(), []
-  update = jax.jit(divergence.update_watch, static_argnames="patience")
+  update = jax.jit(divergence.update_watch, static_argnames="config")
   for step, loss in enumerate(losses):
     fraction = progress(step) if callable(progress) else progress
     state = update(state, jnp.float32(loss), step=jnp.int32(step),
-                   progress_fraction=jnp.float32(fraction), patience=patience)
+                   progress_fraction=jnp.float32(fraction),
+                   config=engine_options.config(patience=patience))
     if int(state.diverged_steps):
       flagged.append(step)
   return state, flagged
@@ -82,7 +84,7 @@ def test_blow_up_and_no_learning_are_diverged():
   assert flagged and flagged[0] < 20
   progress = lambda step: step / 100  # a quarter of the baseline's steps at step 25
   _, flagged = _watch([2.3] * 150, progress=progress)
-  assert flagged[0] == divergence.STALL_STEPS - 1  # and not before STALL_STEPS losses
+  assert flagged[0] == date.EngineConfig().horizon - 1  # and not before STALL_STEPS losses
   _, flagged = _watch([2.3] * 10 + [1.0] * 140, progress=progress)  # learnt: no alarm
   assert flagged == []
 
@@ -102,10 +104,11 @@ def test_patience_gives_up_and_the_lr_scale_halves_every_ten_steps():
 def _watch_states(losses, patience):
   """The watch after each of `losses` (progress 0.1 throughout)."""
   state, states = divergence.init_watch(), []
-  update = jax.jit(divergence.update_watch, static_argnames="patience")
+  update = jax.jit(divergence.update_watch, static_argnames="config")
   for step, loss in enumerate(losses):
     state = update(state, jnp.float32(loss), step=jnp.int32(step),
-                   progress_fraction=jnp.float32(0.1), patience=patience)
+                   progress_fraction=jnp.float32(0.1),
+                   config=engine_options.config(patience=patience))
     states.append(state)
   return states
 
@@ -146,20 +149,20 @@ def _engine(**kwargs):
                  signal_decay=0.0)
   options.update(kwargs)
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), **options)
+                       optax.constant_schedule(0.1), **engine_options.options(**options))
 
 
 def test_gain_rises_at_most_gain_rise_a_step_and_not_on_an_untrusted_estimate():
   tx, params = _engine(), {"w": jnp.ones(2)}
   state = tx.init(params)
   update = jax.jit(tx.update)
-  for noise_scale in [5000.0, 32.0] * (progress_lib.GAIN_SETTLE // 2):  # settling: as measured
+  for noise_scale in [5000.0, 32.0] * (date.EngineConfig().warm_in // 2):  # settling: as measured
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(noise_scale, 512))
     assert float(state.gain) == pytest.approx(noise_lib.adascale_gain(noise_scale, 32, 512), rel=1e-5)
   for _ in range(3):
     before = float(state.gain)
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(5000.0, 512))
-    assert float(state.gain) == pytest.approx(before * (1 + progress_lib.GAIN_RISE), rel=1e-5)
+    assert float(state.gain) == pytest.approx(before * (1 + date.EngineConfig().gain_rise), rel=1e-5)
   before = float(state.gain)
   negative_signal = date.GradientSqNorms(10.0, 1.0, 128, 512)  # |G|² estimate < 0: noise only
   _, state = update(params, state, params, grad_sq_norms=negative_signal)
@@ -201,8 +204,8 @@ def test_a_diverged_engine_holds_progress_cuts_the_lr_and_gives_up():
     updates, state = update(params, state, params, grad_sq_norms=sq, value=50.0)
   assert bool(date.gave_up(state)) and float(state.progress) == progress
   assert not np.any(np.asarray(updates["w"]))  # nothing more is applied
-  with pytest.raises(ValueError, match="divergence_patience"):
-    _engine(divergence_patience=0)
+  with pytest.raises(ValueError, match="EngineConfig.horizon"):  # the patience is the horizon
+    _engine(config={"horizon": 0})
 
 
 # --- Where the watch never fires, it changes nothing, bit for bit ---------------------------------
@@ -223,9 +226,9 @@ def _train(family, multiple, patience):
   grad_fn = date.grouped_value_and_grad(loss_fn, 4)
   lr = {"sgd": 0.05, "adam": 0.01, "lars": 0.1}[family]
   tx = date.divergence_guard(date.adaptive(
-      _family(family), optax.cosine_decay_schedule(lr, 200), base_batch_size=16,
+      _family(family), optax.cosine_decay_schedule(lr, 200), **engine_options.options(base_batch_size=16,
       batch_size=16 * multiple, base_steps=200, warmup_steps=5,
-      divergence_patience=patience))
+      divergence_patience=patience)))
   state = tx.init(params)
 
   @jax.jit
@@ -245,7 +248,7 @@ def _train(family, multiple, patience):
 @pytest.mark.parametrize("family", ["sgd", "adam", "lars"])
 @pytest.mark.parametrize("multiple", [1, 8])
 def test_params_are_bit_identical_with_the_watch_on_and_off(family, multiple):
-  on, on_state = _train(family, multiple, divergence.DIVERGENCE_PATIENCE)
+  on, on_state = _train(family, multiple, date.EngineConfig().patience)
   off, off_state = _train(family, multiple, None)
   assert int(optax.tree.get(on_state, "DivergenceWatchState").count) == 40  # it watched
   watch = optax.tree.get(on_state, "DivergenceWatchState")
@@ -287,7 +290,7 @@ def test_a_diverged_adaptive_run_stops_with_status_1_and_keeps_its_healthy_check
 def _diverging_run(workdir):
   """`_diverging_command`, slow to give up, with 2 checkpoints kept and every step logged."""
   return subprocess.Popen(
-      _diverging_command(workdir, "--config.divergence_patience=1000",
+      _diverging_command(workdir, "--config.divergence_watch=True",
                          "--config.keep_checkpoints=2", "--config.log_every_steps=1"),
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_ENV)
 
@@ -357,8 +360,8 @@ def test_the_last_healthy_checkpoint_is_the_newest_before_the_divergence_began()
 
 def test_an_exploding_gradient_is_skipped_before_it_reaches_the_optimizer():
   tx = date.adaptive(lambda learning_rate: optax.adam(learning_rate),
-                     optax.constant_schedule(1e-2), base_batch_size=32, batch_size=512,
-                     base_steps=10_000, noise_decay=0.9)
+                     optax.constant_schedule(1e-2), **engine_options.options(base_batch_size=32, batch_size=512,
+                     base_steps=10_000, noise_decay=0.9))
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
   update = jax.jit(tx.update)
@@ -380,8 +383,8 @@ def test_gradients_that_keep_exploding_give_up_at_the_patience():
   # Every step skipped leaves the loss, the EMAs and the progress as they were: without a
   # count the run would walk to its last step and "finish" (the main job at 1000x its LR).
   tx = date.adaptive(lambda learning_rate: optax.adam(learning_rate),
-                     optax.constant_schedule(1e-2), base_batch_size=32, batch_size=512,
-                     base_steps=10_000, noise_decay=0.9, divergence_patience=20)
+                     optax.constant_schedule(1e-2), **engine_options.options(base_batch_size=32, batch_size=512,
+                     base_steps=10_000, noise_decay=0.9, divergence_patience=20))
   params = {"w": jnp.ones(2)}
   state = tx.init(params)
   update = jax.jit(tx.update)
@@ -414,7 +417,7 @@ def test_has_learnt_waits_for_the_smoothed_loss_at_learnt_times_the_start():
   for losses, learnt in [([2.3] * 10 + [1.9] * 200, False), ([2.3] * 10 + [1.8] * 30, False),
                          ([2.3] * 10 + [1.8] * 60, True), ([2.3] * 5, False)]:
     watch, _ = _watch(losses)
-    assert bool(divergence.has_learnt(watch)) == learnt, losses[-1]
+    assert bool(divergence.has_learnt(watch, date.EngineConfig())) == learnt, losses[-1]
 
 
 def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():
@@ -423,11 +426,11 @@ def test_a_rising_loss_walks_at_the_baselines_pace_without_measuring():
   update = jax.jit(tx.update)
   for loss in [2.3] * 10 + [0.5] * 100:  # learnt
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(300.0, 512), value=loss)
-  assert float(state.gain) > 5 and not bool(divergence.loss_rising(state.watch))
+  assert float(state.gain) > 5 and not bool(divergence.loss_rising(state.watch, date.EngineConfig()))
   rising = _sq_norms(9000.0, 512)  # the gradient of a loss on its way up looks like noise
   for _ in range(5):  # 0.5 -> 1.0 is 28% of the way back to 2.3: seen within a few steps
     _, state = update(params, state, params, grad_sq_norms=rising, value=1.0)
-  assert bool(divergence.loss_rising(state.watch)) and not bool(date.diverged(state))
+  assert bool(divergence.loss_rising(state.watch, date.EngineConfig())) and not bool(date.diverged(state))
   noise, progress = state.noise, float(state.progress)
   _, state = update(params, state, params, grad_sq_norms=rising, value=1.0)
   assert float(state.gain) == 1.0 and int(state.watch.holds) >= 2
@@ -449,15 +452,15 @@ def test_the_gain_does_not_rise_while_the_loss_sits_above_its_best():
   bump = _sq_norms(3000.0, 512)
   for _ in range(5):
     _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
-  assert not bool(divergence_lib.may_grow_batch(state.watch))
-  assert not bool(divergence.loss_rising(state.watch))
+  assert not bool(divergence_lib.may_grow_batch(state.watch, date.EngineConfig()))
+  assert not bool(divergence.loss_rising(state.watch, date.EngineConfig()))
   held = float(state.gain)
-  assert held < noise_lib.adascale_gain(3000.0, 32, 512) / (1 + progress_lib.GAIN_RISE)
+  assert held < noise_lib.adascale_gain(3000.0, 32, 512) / (1 + date.EngineConfig().gain_rise)
   for _ in range(3):
     _, state = update(params, state, params, grad_sq_norms=bump, value=0.7)
     assert float(state.gain) == held
   _, unwatched = update(params, state, params, grad_sq_norms=bump)
-  assert float(unwatched.gain) == pytest.approx(held * (1 + progress_lib.GAIN_RISE), rel=1e-6)
+  assert float(unwatched.gain) == pytest.approx(held * (1 + date.EngineConfig().gain_rise), rel=1e-6)
 
 
 def test_after_a_bump_the_gain_and_the_batch_follow_the_readings_once_the_loss_is_back():
@@ -485,13 +488,13 @@ def test_after_a_bump_the_gain_and_the_batch_follow_the_readings_once_the_loss_i
   assert int(state.batch_size) == 512
   assert before == pytest.approx(noise_lib.adascale_gain(300.0, 32, 512), rel=1e-5)
   state, _ = train(state, [1.0] * 3, 300.0)
-  assert bool(divergence.loss_rising(state.watch)) and float(state.gain) == 1.0
+  assert bool(divergence.loss_rising(state.watch, date.EngineConfig())) and float(state.gain) == 1.0
   state, gains = train(state, [0.52] * 60, 3000.0)
-  assert bool(divergence_lib.may_grow_batch(state.watch))
-  assert not bool(divergence.loss_rising(state.watch))
+  assert bool(divergence_lib.may_grow_batch(state.watch, date.EngineConfig()))
+  assert not bool(divergence.loss_rising(state.watch, date.EngineConfig()))
   rises = [b / a for a, b in zip(gains, gains[1:])]
-  assert max(rises) <= 2 * (1 + progress_lib.GAIN_RISE) + 1e-6  # a rung up may double it
-  assert max(gains) > before * (1 + progress_lib.GAIN_RISE)
+  assert max(rises) <= 2 * (1 + date.EngineConfig().gain_rise) + 1e-6  # a rung up may double it
+  assert max(gains) > before * (1 + date.EngineConfig().gain_rise)
   assert int(state.batch_size) == 1024
 
 def _gave_up_on(losses):

@@ -15,6 +15,7 @@ from dateopt.date._progress import ENGINE_RULES, check_rules_off
 from dateopt.train.experiment import build_optimizer, engine_rules_off
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _progress as progress_lib
+import engine_options  # tests/engine_options.py
 
 PARAMS = {"w": jnp.ones(2)}
 
@@ -32,7 +33,7 @@ def _engine(rules_off=(), **kwargs):
                  signal_decay=0.0, rules_off=rules_off)
   options.update(kwargs)
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), **options)
+                       optax.constant_schedule(0.1), **engine_options.options(**options))
 
 
 def _run(tx, steps, state=None):
@@ -64,11 +65,11 @@ def test_every_rule_has_a_name_and_a_bad_name_is_refused():
 
 
 def test_gain_rise_bound_off_the_gain_is_the_measured_one():
-  steps = [(5000.0, None), (32.0, None)] * (progress_lib.GAIN_SETTLE // 2) + [(5000.0, None)]
+  steps = [(5000.0, None), (32.0, None)] * (date.EngineConfig().warm_in // 2) + [(5000.0, None)]
   # The readings as read: winsorized, the last one would count as 4 × the one before.
   _, _, bounded = _run(_engine(("winsorized_readings",)), steps)
   _, _, free = _run(_engine(("winsorized_readings", "gain_rise_bound")), steps)
-  assert bounded[-1] == pytest.approx(bounded[-2] * (1 + progress_lib.GAIN_RISE), rel=1e-5)
+  assert bounded[-1] == pytest.approx(bounded[-2] * (1 + date.EngineConfig().gain_rise), rel=1e-5)
   assert free[-1] == pytest.approx(noise_lib.adascale_gain(5000.0, 32, 512), rel=1e-5)
   assert free[:-1] == pytest.approx(bounded[:-1])  # the settling steps: as measured either way
 
@@ -144,9 +145,9 @@ def test_winsorized_readings_off_a_spike_moves_the_ema_by_its_full_weight():
   m = 1 - 0.9 ** 10
   as_read = (0.9 * m * 100 + 0.1 * 10_000) / (0.9 * m + 0.1)
   clipped = (0.9 * m * 100 + 0.1 * 400) / (0.9 * m + 0.1)
-  assert float(noise_scale(update_noise_scale(state, spike, 0.9))) == pytest.approx(
-      clipped, rel=1e-4)
-  assert float(noise_scale(update_noise_scale(state, spike, 0.9, winsorize=False))) == (
+  assert float(noise_scale(update_noise_scale(state, spike, 0.9, clip=4.0, clip_after=10))) == (
+      pytest.approx(clipped, rel=1e-4))
+  assert float(noise_scale(update_noise_scale(state, spike, 0.9))) == (
       pytest.approx(as_read, rel=1e-4))
   _, _, gains_on = _run(_engine(noise_decay=0.9, signal_decay=None),
                         [(100.0, None)] * 10 + [(10_000.0, None)])
@@ -174,14 +175,15 @@ def test_gradient_jump_skip_off_an_exploding_gradient_is_applied():
     ("no_learning", [2.3] * 150, lambda step: step / 100),
 ])
 def test_a_divergence_rule_off_never_declares_the_run_diverged(rule, losses, progress):
-  update = jax.jit(divergence.update_watch, static_argnames=("patience", "rules_off"))
+  update = jax.jit(divergence.update_watch, static_argnames=("config", "rules_off"))
   flagged = {}
   others = frozenset(divergence.DIVERGENCE_RULES) - {rule}  # off: this rule alone still fires
   for rules_off in (frozenset(), frozenset({rule}), others):
     watch, flagged[rules_off] = divergence.init_watch(), 0
     for step, loss in enumerate(losses):
       watch = update(watch, jnp.float32(loss), step=jnp.int32(step),
-                     progress_fraction=jnp.float32(progress(step)), patience=1000,
+                     progress_fraction=jnp.float32(progress(step)),
+                     config=engine_options.config(patience=1000),
                      rules_off=rules_off)
       flagged[rules_off] += int(watch.diverged_steps > 0)
   assert flagged[frozenset()] > 0 and flagged[frozenset({rule})] == 0

@@ -8,6 +8,7 @@ import pytest
 from dateopt import date
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _progress as progress_lib
+import engine_options  # tests/engine_options.py
 
 PHASES = progress_lib.PHASES
 WARMUP = 5
@@ -15,9 +16,9 @@ WARMUP = 5
 
 def _engine(base_steps=10_000, **kwargs):
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
+                       optax.constant_schedule(0.1), **engine_options.options(base_batch_size=32, batch_size=512,
                        base_steps=base_steps, warmup_steps=WARMUP, noise_decay=0.0,
-                       signal_decay=0.0, **kwargs)
+                       signal_decay=0.0, **kwargs))
 
 
 def _sq_norms(noise_scale, batch=512, small=128):
@@ -33,7 +34,8 @@ def _walk(losses, *, base_steps=10_000, **kwargs):
   """The phase name after each step of an engine fed `losses`."""
   tx, params = _engine(base_steps, **kwargs), {"w": jnp.ones(2)}
   state, update = tx.init(params), jax.jit(tx.update)
-  read = jax.jit(lambda s: progress_lib.phase(s, base_steps=base_steps, warmup_steps=WARMUP))
+  read = jax.jit(lambda s: progress_lib.phase(s, base_steps=base_steps, warmup_steps=WARMUP,
+                                                config=date.EngineConfig()))
   names = []
   for loss in losses:
     _, state = update(params, state, params, grad_sq_norms=_sq_norms(300.0), value=loss)
@@ -83,7 +85,8 @@ def test_a_run_without_a_loss_has_no_plateau_or_hold():
   state = tx.init(params)
   for _ in range(WARMUP + 1):
     _, state = tx.update(params, state, params, grad_sq_norms=_sq_norms(300.0))
-  assert PHASES[int(progress_lib.phase(state, base_steps=10_000, warmup_steps=WARMUP))] == (
+  assert PHASES[int(progress_lib.phase(state, base_steps=10_000, warmup_steps=WARMUP,
+                                            config=date.EngineConfig()))] == (
       "learning")
 
 

@@ -857,43 +857,27 @@ def test_a_changed_recipe_is_only_refused_when_there_is_a_checkpoint_to_resume(t
 
 
 def test_a_grown_run_recorded_before_the_noise_credit_resumes_only_with_the_credit_off(tmp_path):
-  """A recipe.json without `noise_batch_exponent` ran with 0: the new default 0.2 would
-  change a grown run halfway, so its resume is refused; runs that do not read it resume."""
+  """A recipe.json from before `Recipe.engine` holds `step_price` as a field of its own, and
+  one without `noise_batch_exponent` ran with 0: the new default 0.2 would change a grown run
+  halfway, so its resume is refused; runs that do not read it resume."""
   base = date.Recipe(batch_size=32, num_examples=8000, num_epochs=2, learning_rate=1e-3,
                      optimizer="adam")
   grown, fixed = (date.plan(base, 256, "adaptive", grow_batch=grow) for grow in (True, False))
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
   for recipe in (grown, fixed, base):
     stored = recipe_record.as_stored(recipe)
-    del stored["noise_batch_exponent"]  # written before the field existed
+    stored["step_price"] = stored.pop("engine")["step_price"]  # written before the field existed
     (tmp_path / "recipe.json").write_text(json.dumps({"planned": stored}))
     if recipe is grown:
-      with pytest.raises(recipe_record.RecipeChangedError, match="noise_batch_exponent: 0 → 0.2"):
+      with pytest.raises(recipe_record.RecipeChangedError, match='"noise_batch_exponent": 0.0'):
         recipe_record.check_unchanged(str(tmp_path), recipe)
-      recipe_record.check_unchanged(str(tmp_path), recipe.replace(noise_batch_exponent=0.0))
+      recipe_record.check_unchanged(str(tmp_path),
+                                    recipe.replace(engine={"noise_batch_exponent": 0.0}))
+      with pytest.raises(recipe_record.RecipeChangedError, match='"step_price": 2.0'):
+        recipe_record.check_unchanged(str(tmp_path), recipe.replace(
+            engine={"noise_batch_exponent": 0.0, "step_price": 2.0}))
     else:
       recipe_record.check_unchanged(str(tmp_path), recipe)
-
-
-def test_a_run_recorded_before_the_two_noise_horizons_resumes_only_with_one(tmp_path):
-  """A record without `signal_decay`, or with a null one (older versions), ran both noise
-  EMAs at 0.99: the default 0.97 would change the run halfway, so its resume is refused, and
-  `--config.signal_decay=0.99` (the same engine, bit for bit) resumes it."""
-  recipe = date.Recipe(batch_size=32, num_examples=8000, num_epochs=2, learning_rate=1e-3)
-  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
-  config = train.default_config()
-  for old in ({"signal_decay": None}, {}):
-    run = {**config_lib.resume_fields(config), **old}
-    if not old:
-      del run["signal_decay"]  # written before the field existed
-    (tmp_path / "recipe.json").write_text(json.dumps(
-        {"planned": recipe_record.as_stored(recipe), "run": run}))
-    changed = r"config\.signal_decay: 0.99 → 0.97"
-    with pytest.raises(recipe_record.RecipeChangedError, match=changed):
-      recipe_record.check_unchanged(str(tmp_path), recipe, config_lib.resume_fields(config))
-    config.signal_decay = 0.99
-    recipe_record.check_unchanged(str(tmp_path), recipe, config_lib.resume_fields(config))
-    config.signal_decay = 0.97
 
 
 def test_recipe_changes_skip_the_rationale_and_fields_the_old_file_lacks():

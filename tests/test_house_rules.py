@@ -168,3 +168,49 @@ def test_dateopt_date_exports_a_short_api_and_keeps_its_engine_modules_private()
   assert public_modules == [], "engine modules are private (optax's _src convention)"
   # The constants and rule helpers are not the API: no upper-case name is exported.
   assert [name for name in date.__all__ if name.isupper()] == []
+
+
+MAX_ENGINE_FUNCTION_LINES = 60  # in dateopt/date: code and comments, the docstring aside
+MAX_ENGINE_CONSTANTS = 5  # numbers at module level in dateopt/date: definitions, not tuning
+
+
+def _lines_with_comments(function: ast.FunctionDef, lines: list[str]) -> int:
+  body = function.body[0]
+  docstring = (set(range(body.lineno, body.end_lineno + 1))
+               if isinstance(body, ast.Expr) and isinstance(body.value, ast.Constant)
+               and isinstance(body.value.value, str) else set())
+  return sum(1 for i in range(function.lineno, function.end_lineno + 1)
+             if i not in docstring and lines[i - 1].strip())
+
+
+def test_no_engine_function_is_longer_than_60_lines_with_its_comments():
+  too_long = []
+  for path in (PACKAGE / "date").glob("*.py"):
+    source = path.read_text()
+    for node in ast.walk(ast.parse(source)):
+      if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+          and _lines_with_comments(node, source.splitlines()) > MAX_ENGINE_FUNCTION_LINES):
+        too_long.append(f"date/{path.name}:{node.name}")
+  assert too_long == []
+
+
+def _numeric_constants(source: str) -> list[str]:
+  """The module-level names `source` binds to a number (the engine's knobs live in
+  `date.EngineConfig`; a module-level number is a tuning constant in disguise)."""
+  found = []
+  for node in ast.parse(source).body:
+    if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+      continue
+    value = node.value.operand if isinstance(node.value, ast.UnaryOp) else node.value
+    if (isinstance(value, ast.Constant) and isinstance(value.value, (int, float))
+        and not isinstance(value.value, bool)):
+      targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+      found += [t.id for t in targets if isinstance(t, ast.Name)]
+  return found
+
+
+def test_the_engine_keeps_its_numbers_in_its_config():
+  found = {f"date/{path.name}:{name}" for path in (PACKAGE / "date").glob("*.py")
+           for name in _numeric_constants(path.read_text())}
+  assert len(found) <= MAX_ENGINE_CONSTANTS, sorted(found)
+  assert _numeric_constants("A = 0.5\nB: int = -3\nC = (1, 2)\nD = True\n") == ["A", "B"]

@@ -60,7 +60,7 @@ def lm_config(corpus_dir, **fields):
   config.eval_every_steps = 0
   config.checkpoint_every_steps = -1
   config.progress_bar = False
-  config.divergence_patience = 0
+  config.divergence_watch = False
   for key, value in fields.items():
     setattr(config, key, value)
   return config
@@ -105,7 +105,7 @@ def _growing(corpus, **fields):
   largest batches, so each rung is due as soon as the growth rule looks (every 20 steps
   after the warmup)."""
   return lm_config(corpus, strategy="adaptive", batch_size=64,
-                   plan=dict(grow_batch=True, step_price=1000.0), **fields)
+                   plan=dict(grow_batch=True, engine={"step_price": 1000.0}), **fields)
 
 
 def test_a_growing_language_model_run_killed_mid_ramp_resumes_bit_exact(corpus, tmp_path):

@@ -18,6 +18,7 @@ from dateopt.train import experiment
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _planner as planner_lib
 from dateopt.date import _recipe as recipe_lib
+import engine_options  # tests/engine_options.py
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -81,18 +82,6 @@ def test_cell_configs_change_only_what_the_strategy_changes():
   assert planner_lib.plan_predicted_steps(recipe, 50.0) == noise_lib.predicted_steps(  # read × 4^0.2 at 32
       50.0 * 4 ** 0.2, base_batch_size=8, batch_size=32, base_steps=400,
       warmup_steps=recipe.warmup_steps)
-
-
-def test_signal_decay_flag_sets_every_workload_s_config():
-  args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}",
-                                "--signal-decay", "0.98"])
-  assert study_main.workload_configs(args)["t"].signal_decay == 0.98
-  cell = study.cell_config(study_main.workload_configs(args)["t"],
-                           study.Cell("t", "adaptive_grow", 4, 0), num_train_examples=1600,
-                           noise_scale=[50.0, 60.0])
-  assert cell.signal_decay == 0.98  # the cells keep it
-  args = study_main.parse_args(["--workload", "t", "--config", f"t={TINY}"])
-  assert study_main.workload_configs(args)["t"].signal_decay == noise_lib.SIGNAL_DECAY  # the default
 
 
 def test_effective_noise_scale_and_the_law_by_hand():
@@ -237,7 +226,7 @@ def test_law_report_plays_each_strategy_s_measured_profile(tmp_path):
   rows.append(_row("adaptive_grow", 16, 2, 0.97, 999, [(999, 0.97)]))  # no workdir
   lines = [line for line in study.law_report(runner, rows).splitlines() if "| w |" in line]
   ladder = date.batch_ladder(32, 512)
-  early = 400.0 * 4 ** recipe_lib.NOISE_BATCH_EXPONENT
+  early = 400.0 * 4 ** date.EngineConfig().noise_batch_exponent
   for line, profile, measured in zip(lines, ([100.0] * 100, [early] * 50 + [400.0] * 50),
                                      ("305, 4.88x", "510, 8.16x")):
     grown = date.predicted_budget(profile, base_batch_size=32, batch_sizes=ladder,
@@ -317,8 +306,8 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   assert (result["steps"], result["examples_vs_baseline"], result["price"]) == (200, 2.5, 1.0)
   for price in (0.5, 4.0):
     assert result["law"][price] == date.predicted_budget(
-        400.0, base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
-        warmup_steps=100, step_price=price, read_at_batch_size=512)
+        400.0, **engine_options.options(base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
+        warmup_steps=100, step_price=price, read_at_batch_size=512))
   cheap, dear = result["law"][0.5], result["law"][4.0]
   assert dear["steps"] < cheap["steps"] and dear["examples"] > cheap["examples"]
   table = frontier.markdown([result], [0.5, 4.0]).splitlines()

@@ -110,7 +110,7 @@ def test_one_device_and_eight_devices_give_the_same_parameters(tmp_path):
      "grad_groups"),
     (dict(plan={"stratgy": "x"}), "config.plan"),
     (dict(guard_kwargs={"spike": 2.0}), "config.guard_kwargs"),
-    (dict(signal_decay=1.5), "config.signal_decay"),
+    (dict(strategy="adaptive", plan={"engine": {"horizon": 1}}), "EngineConfig.horizon"),
 ])
 def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
   config = _config()
@@ -120,11 +120,6 @@ def test_bad_configs_fail_before_compiling(tmp_path, overrides, match):
   with pytest.raises(ValueError, match=match):  # both builders run before any compile
     experiment = train.build_experiment(config)
     train.build_optimizer(config, experiment.recipe)
-
-
-def test_the_config_s_signal_decay_is_the_engine_s():
-  # config.py stays free of JAX, so it spells the engine's constant out; this ties the two.
-  assert train.default_config().signal_decay == noise_lib.SIGNAL_DECAY
 
 
 def test_missing_dataset_files_fail_before_compiling(tmp_path):

@@ -16,7 +16,7 @@ def get_config():
   # Its 120 baseline steps end on the LSTM's chance plateau: an adaptive run of it has not
   # learnt by a quarter of its progress, and DATE's divergence watch rightly stops it
   # (tests/test_divergence.py). The tests of resume, growth and faults run it anyway.
-  config.divergence_patience = 0
+  config.divergence_watch = False
   return config
 
 

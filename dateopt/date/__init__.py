@@ -23,6 +23,8 @@ Example:
   >>> tx, schedule = date.build(big)
   >>> tx = date.track_statistics(date.divergence_guard(tx))
   >>> adaptive_tx, base_schedule = date.build(date.plan(base, 16384, "adaptive"))
+  >>> grown = date.plan(base, 16384, "adaptive", grow_batch=True,
+  ...                   engine=date.EngineConfig(step_price=2.0))  # the engine's knobs
 
 The engine's modules (`_progress`, `_noise`, `_divergence`, ...) are private, as
 optax's `_src` is: what this package exports is the API, and the rest may change.
@@ -31,10 +33,10 @@ optax's `_src` is: what this package exports is the API, and the rest may change
 from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch
 from dateopt.date._builder import batch_schedule_of, build, build_schedule, noise_leaf_scales
 from dateopt.date._divergence import as_optax_state, diverged, gave_up
+from dateopt.date._engine_config import EngineConfig
 from dateopt.date._guard import divergence_guard
 from dateopt.date._noise import (
     GradientSqNorms,
-    combine_group_grads,
     cross_replica_sq_norms,
     grouped_value_and_grad,
     measure_noise_scale,
@@ -57,6 +59,7 @@ from dateopt.date._stats import statistics, track_statistics
 __all__ = [
     "AdaptiveState",
     "BatchSchedule",
+    "EngineConfig",
     "GradientSqNorms",
     "LargeBatchWarning",
     "Recipe",
@@ -66,7 +69,6 @@ __all__ = [
     "batch_schedule_of",
     "build",
     "build_schedule",
-    "combine_group_grads",
     "cross_replica_sq_norms",
     "divergence_guard",
     "diverged",

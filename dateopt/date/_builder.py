@@ -11,8 +11,7 @@ import optax
 from dateopt import masks, schedules, transforms
 from dateopt.date import _adam_scaling as adam_scaling
 from dateopt.date._batch_schedules import BatchSchedule, scheduled_batch, schedule_of
-from dateopt.date._divergence import DIVERGENCE_PATIENCE, as_optax_state
-from dateopt.date._noise import NOISE_DECAY, SIGNAL_DECAY
+from dateopt.date._divergence import as_optax_state
 from dateopt.date._progress import adaptive, batch_ladder
 from dateopt.date._recipe import Recipe
 from dateopt.validation import check_type
@@ -43,12 +42,9 @@ def build_schedule(recipe: Recipe) -> optax.Schedule:
       transition_steps=max(1, recipe.epochs_to_steps(recipe.decay_every_epochs)))
 
 
-def build(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
-          signal_decay: float | None = SIGNAL_DECAY,
-          batch_sizes: Sequence[int] | None = None,
-          divergence_patience: int | None = DIVERGENCE_PATIENCE,
-          batch_schedule: BatchSchedule | None = None,
-          rules_off: Sequence[str] = (),
+def build(recipe: Recipe, *, batch_sizes: Sequence[int] | None = None,
+          batch_schedule: BatchSchedule | None = None, measure_every_steps: int = 1,
+          watch: bool = True, rules_off: Sequence[str] = (),
           ) -> tuple[optax.GradientTransformationExtraArgs, optax.Schedule]:
   """The optimizer and LR schedule that `recipe` describes.
 
@@ -64,8 +60,8 @@ def build(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
 
   Args:
     recipe: the training recipe.
-    noise_decay, signal_decay, divergence_patience, rules_off: adaptive recipes: as in
-      `dateopt.date.adaptive` (measuring 1 step in N, pass 0.99**N to keep the horizon).
+    measure_every_steps, watch, rules_off: adaptive recipes: as in `dateopt.date.adaptive`,
+      whose knobs are the recipe's `engine`.
     batch_sizes: a growing recipe (`grow_batch`): the ladder of batches, when the devices
       need other rungs than `batch_ladder(base, max)`. Ignored for a fixed batch.
     batch_schedule: a recipe with a field `batch_schedule`: its schedule as the
@@ -92,17 +88,15 @@ def build(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
                          rung_hyperparams=rung_hyperparams)
   elif recipe.adaptive:
     tx = adaptive(make, schedule, rung_hyperparams=rung_hyperparams, **adaptive_settings(
-        recipe, noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=batch_sizes,
-        divergence_patience=divergence_patience, rules_off=rules_off))
+        recipe, batch_sizes=batch_sizes, measure_every_steps=measure_every_steps, watch=watch,
+        rules_off=rules_off))
   else:
     tx = optax.inject_hyperparams(make)(learning_rate=schedule)
   return tx, schedule
 
 
-def adaptive_settings(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
-                      signal_decay: float | None = SIGNAL_DECAY,
-                      batch_sizes: Sequence[int] | None = None,
-                      divergence_patience: int | None = DIVERGENCE_PATIENCE,
+def adaptive_settings(recipe: Recipe, *, batch_sizes: Sequence[int] | None = None,
+                      measure_every_steps: int = 1, watch: bool = True,
                       rules_off: Sequence[str] = ()) -> dict[str, Any]:
   """The keyword arguments `build` gives `adaptive` for an adaptive `recipe` (its
   `make_optimizer`, schedule and `rung_hyperparams` aside), as plain JSON values: what the
@@ -117,11 +111,10 @@ def adaptive_settings(recipe: Recipe, *, noise_decay: float = NOISE_DECAY,
   ladder = _ladder(recipe, batch_sizes)
   return {"base_batch_size": recipe.base_batch_size, "batch_size": recipe.batch_size,
           "base_steps": recipe.total_steps, "warmup_steps": recipe.warmup_steps,
-          "gain_rule": recipe.gain_rule, "noise_decay": noise_decay,
-          "signal_decay": signal_decay,
+          "gain_rule": recipe.gain_rule,
           "batch_sizes": None if ladder is None else [int(b) for b in ladder],
-          "step_price": recipe.step_price, "noise_batch_exponent": recipe.noise_batch_exponent,
-          "divergence_patience": divergence_patience, "rules_off": list(rules_off)}
+          "config": dict(recipe.engine), "measure_every_steps": measure_every_steps,
+          "watch": watch, "rules_off": list(rules_off)}
 
 
 def _ladder(recipe: Recipe, batch_sizes: Sequence[int] | None) -> Sequence[int] | None:

@@ -7,46 +7,44 @@ model (the evidence: docs/results/engine_rules.md, 'The divergence watch'). The
 divergence guard cannot see it: the loss rises over tens of steps, not as a
 spike, and at chance level it stops rising at all.
 
-The watch reads the step's loss (`value=`, as `divergence_guard` does). It
-keeps `start`, the smaller of the first loss and the mean of the first
-`FIRST_LOSSES` losses (each capped at twice the first, so a run that blows up
-in its first steps cannot lift it); `ema`, an exponential mean of the loss
-(decay `LOSS_DECAY`, the first losses weighted equally, each loss capped at
-2 · BLOW_UP · start so that one wild batch cannot trip a rule); `fast`, the
-same at decay `FAST_DECAY`; and `best`, the lowest `ema` so far.
+The watch reads the step's loss (`value=`, as `divergence_guard` does), with the
+bands of its `EngineConfig` (h the horizon, w the warm-in). It keeps `start`, the
+smaller of the first loss and the mean of the first w losses (each capped at twice
+the first, so a run that blows up in its first steps cannot lift it); `ema`, an
+exponential mean of the loss (decay `loss_decay`, a 2w-step span; the first losses
+weighted equally, each loss capped at four times the start so that one wild batch
+cannot trip a rule); `fast`, the same over w/2 steps (`fast_decay`); and `best`,
+the lowest `ema` so far.
 
-A loss on its way up: once the run has learnt (best ≤ LEARNT · start,
-`has_learnt`) and `fast` has given back `HOLD_SHARE` of it (`loss_rising`),
+A loss on its way up: once the run has learnt (best ≤ (1 − 2·hold_share) · start,
+`has_learnt`) and `fast` has given back `hold_share` of it (`loss_rising`),
 `adaptive` takes no noise measurement, walks at gain 1 (the baseline's pace)
 and does not grow the batch. A growing batch also waits until the run
-`has_learnt`, and climbs only while `fast` is within `CLIMB_SHARE` of its
+`has_learnt`, and climbs only while `fast` is within `climb_share` of its
 gains above `best` (`may_grow_batch`).
 
-A step is diverged when, `FIRST_LOSSES` losses in, one of these holds::
+A step is diverged when, w losses in, one of these holds::
 
   relapse      the run had learnt and has climbed back half the way:
-               ema − best ≥ RELAPSE · (start − best)
-  blow-up      ema ≥ BLOW_UP · start
-  no learning  the progress covers STALL_PROGRESS of the baseline's steps,
-               STALL_STEPS losses are in, and the loss never fell below
-               STALL_DROP · start
+               ema − best ≥ ½ · (start − best)
+  blow-up      ema ≥ 2 · start
+  no learning  the progress covers a quarter of the baseline's steps, h losses
+               are in, and the loss never fell below (1 − hold_share) · start
 
-A diverged run is healthy again once its loss has fallen below STALL_DROP ·
-start and is back near its best, ema − best ≤ RECOVERED · (start − best),
-below the blow-up level: the gap between RELAPSE and RECOVERED keeps a run
-at the threshold from flapping. While diverged, the engine credits no
-progress and does not raise the gain. The LR scale halves at once, and then
-every `CUT_EVERY` diverged steps unless `fast` fell by more than FALL_SHARE ·
-start in those steps (floor `MIN_LR_SCALE`): a run that is recovering keeps
-the LR it recovers at. Healthy steps win the scale back, ×2 per
-`RECOVERY_STEPS`. A diverged step is stalled when `fast` has not fallen that
-far since the last look, or `ema` is still at the blow-up level (or it is the
-first of a divergence, or its loss is not finite). After `patience` stalled
-steps and skipped gradient jumps in all (a run that keeps relapsing counts
-every time) the engine gives up for good: every update is zero, and
-`gave_up(opt_state)` says so.
+A diverged run is healthy again once its loss has fallen below (1 − hold_share) ·
+start and is back near its best, ema − best ≤ ¼ · (start − best), below the
+blow-up level: the gap between ½ and ¼ keeps a run at the threshold from
+flapping. While diverged, the engine credits no progress and does not raise the
+gain. The LR scale halves at once, and then every w diverged steps unless `fast`
+fell by more than climb_share/3 · start in those steps (floor 2^-(h/w)): a run that
+is recovering keeps the LR it recovers at. Healthy steps win the scale back, ×2
+per 2w steps. A diverged step is stalled when `fast` has not fallen that far
+since the last look, or `ema` is still at the blow-up level (or it is the first of
+a divergence, or its loss is not finite). After h stalled steps and skipped
+gradient jumps in all (a run that keeps relapsing counts every time) the engine
+gives up for good: every update is zero, and `gave_up(opt_state)` says so.
 
-`gradient_jump` (a gradient `GRADIENT_JUMP` × its expected squared norm) is
+`gradient_jump` (a gradient h² × its expected squared norm, h times in norm) is
 the watch's third test: `adaptive` skips such a step (`count_gradient_jump`),
 as it does a step whose gradient or update is not finite, and a run whose
 gradients keep exploding is stopped by the same patience: its skipped steps
@@ -66,43 +64,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from dateopt.date._engine_config import EngineConfig
 from dateopt.date._guard import running_weight
 from dateopt.date._noise import corrected_estimates
 
-# The watch's thresholds, as shares of the loss's start and of its gains; what they catch and
-# what they leave alone: docs/results/engine_rules.md, 'The divergence watch'.
-FIRST_LOSSES = 10
-LOSS_DECAY = 0.95
-LEARNT = 0.8
-RELAPSE = 0.5
-RECOVERED = 0.25
-BLOW_UP = 2.0
-STALL_PROGRESS = 0.25
-STALL_DROP = 0.9
-# A run on a chance plateau has not yet failed to learn: "no learning" waits for this many
-# losses too (the evidence: docs/results/engine_rules.md, 'The no-learning rule').
-STALL_STEPS = 100
-CUT_EVERY = 10
-# A diverged run whose 5-step loss fell by this share of its start in CUT_EVERY steps is
-# recovering: no cut then (a recovery must not be starved of LR), and those steps do not
-# count toward the patience.
-FALL_SHARE = 0.01
-MIN_LR_SCALE = 1e-3
-RECOVERY_STEPS = 20
-HOLD_SHARE = 0.1  # a loss that has given back this share of its gains: gain 1, no measuring
-# A grown batch climbs only while the loss sits within this share of its gains above its best:
-# a wobble smaller than HOLD_SHARE can still lift a noise reading several-fold, and a rung is
-# never given back.
-CLIMB_SHARE = 0.03
-FAST_DECAY = 0.8  # the rising loss is seen on a 5-step mean: before the noise EMAs take it in
-# A gradient whose squared norm is this many times what the noise EMAs expect at its batch
-# (100x in norm) is an explosion, not noise: Adam would keep it in its second moment for
-# thousands of steps (1/(1 - β₂) = 1,000 at β₂ = 0.999).
-GRADIENT_JUMP = 1e4
-DIVERGENCE_PATIENCE = 100  #: diverged steps in all before the engine gives up
 #: The watch's ways into a diverged phase, each of which `update_watch(rules_off=...)` can
-#: switch off: a learnt run that gives back `RELAPSE` of its gains, a loss at `BLOW_UP` × its
-#: start, and a run with no learning by `STALL_PROGRESS` of the schedule.
+#: switch off: a learnt run that gives back half its gains, a loss at twice its start, and a
+#: run with no learning by a quarter of the schedule (`EngineConfig`).
 DIVERGENCE_RULES = ("relapse", "blow_up", "no_learning")
 
 
@@ -112,15 +80,15 @@ class DivergenceWatchState(NamedTuple):
   Attributes:
     count: losses seen.
     initial: the first finite loss (the initial parameters').
-    first: the mean of the first `FIRST_LOSSES` losses, each capped at 2 × `initial`.
+    first: the mean of the first `warm_in` losses, each capped at 2 × `initial`.
     ema: exponential mean of the loss.
-    fast: a faster one (decay `FAST_DECAY`), for `loss_rising`.
+    fast: a faster one (`EngineConfig.fast_decay`), for `loss_rising`.
     best: lowest `ema` once `first` is known.
     diverged_steps: diverged steps in a row (0: healthy).
     diverged_total: diverged steps in all.
     stalled_total: diverged steps in all whose loss was not falling: the
       engine gives up at `patience`.
-    checked: `fast` at the last look (every `CUT_EVERY` diverged steps).
+    checked: `fast` at the last look (every `warm_in` diverged steps).
     diverged_at: the engine step at which the first divergence began; -1: never.
     divergences: divergences so far (each one a run of diverged steps).
     holds: steps so far whose loss was rising (`loss_rising`): no noise
@@ -162,68 +130,70 @@ def init_watch() -> DivergenceWatchState:
                               jnp.ones((), jnp.float32), jnp.zeros((), jnp.bool_))
 
 
-def _judge(was_diverged, count, start, ema, best, progress_fraction,
+def _judge(was_diverged, count, start, ema, best, progress_fraction, config: EngineConfig,
            rules_off=frozenset()) -> jax.Array:
   """Whether the step is diverged: a rule meets a healthy run, or a diverged one has not
   recovered (see the module docstring); a rule in `rules_off` never meets it."""
-  learnt = _learnt(start, best)
-  moved = best <= STALL_DROP * start
+  learnt = _learnt(start, best, config)
+  moved = best <= config.stall_drop * start
   give_back = ema - best
-  blown_up = ema >= BLOW_UP * start
-  no_learning = ((progress_fraction >= STALL_PROGRESS) & (count >= STALL_STEPS) & ~moved
-                 & ("no_learning" not in rules_off))
-  relapse = learnt & (give_back >= RELAPSE * (start - best)) & ("relapse" not in rules_off)
+  blown_up = ema >= config.blow_up * start
+  no_learning = ((progress_fraction >= config.stall_progress) & (count >= config.horizon)
+                 & ~moved & ("no_learning" not in rules_off))
+  relapse = (learnt & (give_back >= config.relapse * (start - best))
+             & ("relapse" not in rules_off))
   enters = relapse | (blown_up & ("blow_up" not in rules_off)) | no_learning
-  stays = ~moved | (give_back > RECOVERED * (start - best)) | blown_up
-  return (count >= FIRST_LOSSES) & jnp.where(was_diverged, stays, enters)
+  stays = ~moved | (give_back > config.recovered * (start - best)) | blown_up
+  return (count >= config.warm_in) & jnp.where(was_diverged, stays, enters)
 
 
 def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Array,
-                 progress_fraction: jax.Array, patience: int,
+                 progress_fraction: jax.Array, config: EngineConfig,
                  rules_off: frozenset[str] = frozenset()) -> DivergenceWatchState:
   """The watch after the loss of engine step `step` (its count before the step).
 
-  A non-finite loss counts as diverged and leaves the statistics alone. `rules_off`:
-  `DIVERGENCE_RULES` that never declare the run diverged (an ablation).
+  A non-finite loss counts as diverged and leaves the statistics alone. `config` sets the
+  bands (`EngineConfig`); `rules_off`: `DIVERGENCE_RULES` that never declare the run
+  diverged (an ablation).
 
   Example:
     >>> watch = init_watch()
     >>> for loss in [2.3] * 10 + [0.5] * 100 + [2.0] * 40:   # learnt, then relapsed
     ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), patience=100)
+    ...                        progress_fraction=jnp.float32(0.1), config=EngineConfig())
     >>> int(watch.diverged_at), int(watch.diverged_steps) > 0, bool(watch.gave_up)
     (127, True, False)
   """
   loss = jnp.asarray(loss, jnp.float32)
   finite = jnp.isfinite(loss)
   count = state.count + finite.astype(jnp.int32)
-  weight = running_weight(count, LOSS_DECAY)
+  weight = running_weight(count, config.loss_decay)
   keep = lambda new, old: jnp.where(finite, new, old)
   initial = jnp.where(finite & (state.count == 0), loss, state.initial)
-  opening = jnp.minimum(loss, 2.0 * initial)  # one of the first losses, capped
-  first = jnp.where(finite & (count <= FIRST_LOSSES),
+  opening = jnp.minimum(loss, config.blow_up * initial)  # one of the first losses, capped
+  first = jnp.where(finite & (count <= config.warm_in),
                     state.first + (opening - state.first) / jnp.maximum(count, 1), state.first)
-  # Then one wild batch moves the mean by at most (1 − LOSS_DECAY) · 2 · BLOW_UP · first.
-  capped = jnp.where(state.count >= FIRST_LOSSES,
-                     jnp.minimum(loss, 2.0 * BLOW_UP * state.first), opening)
+  # Then one wild batch moves the mean by at most (1 − loss_decay) · 2 · blow_up · first.
+  capped = jnp.where(state.count >= config.warm_in,
+                     jnp.minimum(loss, 2.0 * config.blow_up * state.first), opening)
   ema = keep(state.ema + weight * (capped - state.ema), state.ema)
-  fast = keep(state.fast + running_weight(count, FAST_DECAY) * (capped - state.fast),
+  fast = keep(state.fast + running_weight(count, config.fast_decay) * (capped - state.fast),
               state.fast)
-  best = keep(jnp.where(count >= FIRST_LOSSES, jnp.minimum(state.best, ema), state.best),
+  best = keep(jnp.where(count >= config.warm_in, jnp.minimum(state.best, ema), state.best),
               state.best)
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
   diverged = ~finite | _judge(state.diverged_steps > 0, count, start, ema, best,
-                             progress_fraction, rules_off)
+                             progress_fraction, config, rules_off)
   starts = diverged & (state.diverged_steps == 0)
-  look = diverged & (state.diverged_steps % CUT_EVERY == 0)
+  look = diverged & (state.diverged_steps % config.warm_in == 0)
   # Above the blow-up level a wild loss "falls" by chance half the time: not a recovery.
-  falling = (fast < state.checked - FALL_SHARE * start) & (ema < BLOW_UP * start)
+  falling = (fast < state.checked - config.fall_share * start) & (ema < config.blow_up * start)
   stalled = diverged & (starts | ~finite | ~falling)
   cut = look & stalled
   # A healthy run's scale stays exactly 1.0 (min(1.0 × growth, 1.0)).
-  lr_scale = jnp.where(cut, jnp.maximum(state.lr_scale * 0.5, MIN_LR_SCALE),
+  lr_scale = jnp.where(cut, jnp.maximum(state.lr_scale * 0.5, config.min_lr_scale),
                        jnp.where(diverged, state.lr_scale,
-                                 jnp.minimum(state.lr_scale * 2.0 ** (1.0 / RECOVERY_STEPS),
+                                 jnp.minimum(state.lr_scale * 2.0 ** (1.0 / config.recovery_steps),
                                              1.0)))
   diverged_steps = jnp.where(diverged, state.diverged_steps + 1, 0)
   diverged_total = state.diverged_total + diverged.astype(jnp.int32)
@@ -234,10 +204,10 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
       jnp.where(starts & (state.divergences == 0), jnp.asarray(step, jnp.int32),
                 state.diverged_at),
       state.divergences + starts.astype(jnp.int32),
-      state.holds + _rising(count, start, fast, best).astype(jnp.int32),
+      state.holds + _rising(count, start, fast, best, config).astype(jnp.int32),
       state.gradient_jumps, state.gains_held,
       lr_scale,
-      state.gave_up | _out_of_patience(stalled_total, state.gradient_jumps, patience))
+      state.gave_up | _out_of_patience(stalled_total, state.gradient_jumps, config.patience))
 
 
 def count_gradient_jump(state: DivergenceWatchState, jump: jax.Array, *,
@@ -254,35 +224,36 @@ def _out_of_patience(stalled_total, gradient_jumps, patience: int) -> jax.Array:
   return stalled_total + gradient_jumps >= patience
 
 
-def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float) -> jax.Array:
-  """Whether the step's |G_B|² exceeds `GRADIENT_JUMP` × the EMAs' |G|² + tr Σ / B.
+def gradient_jump(noise: Any, sq_norms: Any, noise_decay: float, *, config: EngineConfig
+                  ) -> jax.Array:
+  """Whether the step's |G_B|² exceeds `config.gradient_jump` (h²) × the EMAs' |G|² + tr Σ / B.
 
-  The EMAs are bias-corrected (they start at 0); before 10 measurements,
+  The EMAs are bias-corrected (they start at 0); before `config.warm_in` measurements,
   or with a non-positive expectation, nothing is a jump.
 
   Example:
     >>> from dateopt.date._noise import GradientSqNorms, init_noise_scale, update_noise_scale
     >>> noise = init_noise_scale()
     >>> for _ in range(10):
-    ...   noise = update_noise_scale(noise, GradientSqNorms(5.0, 2.375, 10, 80))
-    >>> bool(gradient_jump(noise, GradientSqNorms(5e4, 2.4e4, 10, 80), 0.99))
+    ...   noise = update_noise_scale(noise, GradientSqNorms(5.0, 2.375, 10, 80), 0.99)
+    >>> bool(gradient_jump(noise, GradientSqNorms(5e4, 2.4e4, 10, 80), 0.99, config=EngineConfig()))
     True
-    >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80), 0.99))
+    >>> bool(gradient_jump(noise, GradientSqNorms(50.0, 24.0, 10, 80), 0.99, config=EngineConfig()))
     False
   """
   grad_sq, trace = corrected_estimates(noise, noise_decay)
   expected = grad_sq + trace / jnp.asarray(sq_norms.big_batch_size, jnp.float32)
-  return ((noise.count >= 10) & (expected > 0)
-          & (jnp.asarray(sq_norms.big, jnp.float32) > GRADIENT_JUMP * expected))
+  return ((noise.count >= config.warm_in) & (expected > 0)
+          & (jnp.asarray(sq_norms.big, jnp.float32) > config.gradient_jump * expected))
 
 
-def _learnt(start, best) -> jax.Array:
-  return best <= LEARNT * start
+def _learnt(start, best, config: EngineConfig) -> jax.Array:
+  return best <= config.learnt * start
 
 
-def _rising(count, first, ema, best) -> jax.Array:
-  return ((count >= FIRST_LOSSES) & _learnt(first, best)
-          & (ema - best > HOLD_SHARE * (first - best)))
+def _rising(count, first, ema, best, config: EngineConfig) -> jax.Array:
+  return ((count >= config.warm_in) & _learnt(first, best, config)
+          & (ema - best > config.hold_share * (first - best)))
 
 
 def _start(state: DivergenceWatchState) -> jax.Array:
@@ -290,20 +261,21 @@ def _start(state: DivergenceWatchState) -> jax.Array:
   return jnp.minimum(state.first, state.initial)
 
 
-def loss_rising(state: DivergenceWatchState) -> jax.Array:
-  """Whether the run had learnt and its loss (a 5-step mean) has given back more than
-  `HOLD_SHARE` of it.
+def loss_rising(state: DivergenceWatchState, config: EngineConfig) -> jax.Array:
+  """Whether the run had learnt and its loss (a w/2-step mean) has given back more than
+  `config.hold_share` of it.
 
   A loss on its way up makes the gradient look like noise before any rule
   fires, and a gain read from it would speed the climb (the evidence:
   docs/results/engine_rules.md, 'The rising-loss hold'): `adaptive` then does not
   measure the noise, and walks at the baseline's pace (gain 1) until the loss is back.
   """
-  return _rising(state.count, _start(state), state.fast, state.best)
+  return _rising(state.count, _start(state), state.fast, state.best, config)
 
 
-def has_learnt(state: DivergenceWatchState) -> jax.Array:
-  """Whether the run's smoothed loss has fallen to `LEARNT` × its start (`FIRST_LOSSES` in).
+def has_learnt(state: DivergenceWatchState, config: EngineConfig) -> jax.Array:
+  """Whether the run's smoothed loss has fallen to `config.learnt` × its start (`warm_in`
+  losses in).
 
   `adaptive` grows the batch past its early rungs only then: a plateau's noise
   readings are not resolved (the evidence: docs/results/engine_rules.md, 'The early
@@ -312,35 +284,35 @@ def has_learnt(state: DivergenceWatchState) -> jax.Array:
     >>> watch = init_watch()
     >>> for loss in [2.3] * 10 + [1.5] * 40:
     ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), patience=100)
-    >>> bool(has_learnt(watch))
+    ...                        progress_fraction=jnp.float32(0.1), config=EngineConfig())
+    >>> bool(has_learnt(watch, EngineConfig()))
     True
   """
-  return (state.count >= FIRST_LOSSES) & _learnt(_start(state), state.best)
+  return (state.count >= config.warm_in) & _learnt(_start(state), state.best, config)
 
 
-def may_grow_batch(state: DivergenceWatchState) -> jax.Array:
-  """Whether the loss lets a growing batch climb: the run `has_learnt`, and its 5-step mean
-  is within `CLIMB_SHARE` of its gains above its best.
+def may_grow_batch(state: DivergenceWatchState, config: EngineConfig) -> jax.Array:
+  """Whether the loss lets a growing batch climb: the run `has_learnt`, and its w/2-step
+  mean is within `config.climb_share` of its gains above its best.
 
   A wobble too small to hold the gain (`loss_rising`) still reads as noise, and
   a rung is never given back (the evidence: docs/results/engine_rules.md, 'The
   climb share').
 
-    >>> watch = init_watch()
+    >>> config, watch = EngineConfig(), init_watch()
     >>> for loss in [2.3] * 10 + [0.5] * 100:
     ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), patience=100)
-    >>> bool(may_grow_batch(watch))
+    ...                        progress_fraction=jnp.float32(0.1), config=config)
+    >>> bool(may_grow_batch(watch, config))
     True
     >>> for loss in [0.7] * 5:  # its 5-step mean 0.13 above its best: 7% of its gains
     ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), patience=100)
-    >>> bool(may_grow_batch(watch)), bool(loss_rising(watch))
+    ...                        progress_fraction=jnp.float32(0.1), config=config)
+    >>> bool(may_grow_batch(watch, config)), bool(loss_rising(watch, config))
     (False, False)
   """
   gains = _start(state) - state.best
-  return has_learnt(state) & (state.fast - state.best <= CLIMB_SHARE * gains)
+  return has_learnt(state, config) & (state.fast - state.best <= config.climb_share * gains)
 
 
 def as_optax_state(state: Any) -> Any:

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from dateopt import transforms
+from dateopt.date._engine_config import EngineConfig, engine_config
 from dateopt.validation import as_int, check_range
 
 # --------------------------------------------------------------------------
@@ -321,27 +322,8 @@ def _ema_bias(decay, count):
   return 1.0 - decay ** count
 
 
-# The |G|² EMA's decay per measurement in DATE's engine: a 33-step horizon. An EMA lags a
-# moving value by about its horizon, and at a gain r the noise EMAs' 100-step horizon spans
-# 100·r baseline steps of progress, over which a slower |G|² EMA reads B_noise low (the
-# evidence: docs/results/engine_rules.md, 'The EMA horizons').
-#: The decay per measurement of the tr Σ EMA in DATE's engine (`noise_decay`): a 100-step
-#: horizon, long enough that a passing loss bump does not read as pure noise (the evidence:
-#: docs/results/engine_rules.md, 'The EMA horizons').
-NOISE_DECAY = 0.99
-#: The decay per measurement of the |G|² EMA in DATE's engine (`update_noise_scale`'s
-#: `signal_decay`): a 33-step horizon, shorter than that of the tr Σ EMA, since |G|² falls
-#: tenfold over training.
-SIGNAL_DECAY = 0.97
-
-# A reading may lie at most this many times its expected size from 0 once the EMAs hold
-# `CLIP_AFTER` measurements: one reading then moves an EMA (decay 0.99) at most ~3%.
-READING_CLIP = 4.0
-CLIP_AFTER = 10
-
-
 def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, *,
-                  big_batch_size: Any, decay: float, clip: float = READING_CLIP
+                  big_batch_size: Any, decay: float, clip: float, clip_after: int
                   ) -> tuple[jax.Array, jax.Array]:
   """Winsorizes one measurement's (|G|², tr Σ) against the EMAs' bias-corrected values.
 
@@ -352,7 +334,9 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
   a growth interval (the evidence: docs/results/engine_rules.md, 'The winsorized
   readings'); a noise scale that grows tenfold over a thousand steps is followed
   as before.
-  Before `CLIP_AFTER` measurements nothing is clipped.
+  Before `clip_after` measurements nothing is clipped. DATE's engine clips at
+  `EngineConfig.reading_clip` (4) after `EngineConfig.warm_in` (10): a reading then
+  moves an EMA of decay 0.99 at most ~3%.
 
   Example:
     >>> s = init_noise_scale()
@@ -360,23 +344,23 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
     ...   s = update_noise_scale(s, GradientSqNorms(5.0, 2.375, 10, 80), 0.9)
     >>> # EMAs: |G|² 2, tr Σ 30; expected |G_80|² = 2.375
     >>> clipped = clip_readings(s, jnp.float32(-50.0), jnp.float32(500.0), big_batch_size=80,
-    ...                         decay=0.9)
+    ...                         decay=0.9, clip=4.0, clip_after=10)
     >>> [round(float(x), 3) for x in clipped]
     [-9.5, 120.0]
   """
   grad_sq_now, trace_now = map(jnp.abs, corrected_estimates(state, decay))
   spread = grad_sq_now + trace_now / jnp.asarray(big_batch_size, jnp.float32)
-  settled = state.count >= CLIP_AFTER
+  settled = state.count >= clip_after
   return (jnp.where(settled, jnp.clip(grad_sq, -clip * spread, clip * spread), grad_sq),
           jnp.where(settled, jnp.clip(trace, -clip * trace_now, clip * trace_now), trace))
 
 
 def update_noise_scale(
-    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float = NOISE_DECAY, *,
-    signal_decay: float | None = None, winsorize: bool = True
+    state: NoiseScaleState, sq_norms: GradientSqNorms, decay: float, *,
+    signal_decay: float | None = None, clip: float | None = None, clip_after: int = 0
 ) -> NoiseScaleState:
-  """Folds one measurement into the EMAs, winsorized (`clip_readings`; `winsorize=False`:
-  as read); non-finite measurements are ignored.
+  """Folds one measurement into the EMAs, winsorized at `clip` after `clip_after`
+  measurements (`clip_readings`; `clip=None`: as read); non-finite measurements are ignored.
 
   `signal_decay` (default: `decay`) gives the |G|² EMA a horizon of its own. |G|²
   falls tenfold and more in training while tr Σ moves slowly, and an EMA lags a
@@ -388,19 +372,19 @@ def update_noise_scale(
   `corrected_estimates` read it as before.
 
   Example:
-    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80))
+    >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.99)
     >>> round(float(noise_scale(s)), 4)   # 30 / 2
     15.0
-    >>> s = update_noise_scale(s, GradientSqNorms(3.5, 0.875, 10, 80), signal_decay=0.5)
+    >>> s = update_noise_scale(s, GradientSqNorms(3.5, 0.875, 10, 80), 0.99, signal_decay=0.5)
     >>> # |G|² reads 2 then 0.5: (0.25·2 + 0.5·0.5)/0.75 = 1 at decay 0.5; tr Σ stays 30
     >>> [round(float(x), 3) for x in corrected_estimates(s, 0.99)]
     [1.0, 30.0]
   """
   grad_sq, trace = noise_estimates(sq_norms)
   ok = jnp.isfinite(grad_sq) & jnp.isfinite(trace)
-  if winsorize:  # static
-    grad_sq, trace = clip_readings(state, grad_sq, trace,
-                                   big_batch_size=sq_norms.big_batch_size, decay=decay)
+  if clip is not None:  # static
+    grad_sq, trace = clip_readings(state, grad_sq, trace, big_batch_size=sq_norms.big_batch_size,
+                                   decay=decay, clip=clip, clip_after=clip_after)
   ema = lambda old, new: jnp.where(ok, decay * old + (1.0 - decay) * new, old)
   count = state.count + ok.astype(jnp.int32)
   if signal_decay is None or signal_decay == decay:  # static: one horizon, bit for bit
@@ -462,29 +446,22 @@ class NoiseMeasurementState(NamedTuple):
   noise: NoiseScaleState
 
 
-def check_decays(noise_decay: float, signal_decay: float | None) -> None:
-  """Both EMA decays in [0, 1); `signal_decay` may be None (the same as `noise_decay`)."""
-  check_range("noise_decay", noise_decay, low=0.0, high=1.0, high_inclusive=False)
-  if signal_decay is not None:
-    check_range("signal_decay", signal_decay, low=0.0, high=1.0, high_inclusive=False)
-
-
 def measure_noise_scale(
-    inner: optax.GradientTransformation, *, noise_decay: float = NOISE_DECAY,
-    signal_decay: float | None = SIGNAL_DECAY
+    inner: optax.GradientTransformation, *, config: EngineConfig | None = None,
+    measure_every_steps: int = 1
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.
 
   Pass the step's `GradientSqNorms` as the extra argument `grad_sq_norms=`;
   a non-finite one (`no_measurement`) leaves the EMAs as they were. The
-  updates are `inner`'s, unchanged. `date.adaptive` keeps the same EMAs
-  itself, so a run with the adaptive engine does not need this wrapper.
-  `signal_decay` is `update_noise_scale`'s: by default `SIGNAL_DECAY`, as in
-  `date.adaptive`, so a baseline's logged profile reads as the engine will; None:
-  `noise_decay`.
+  updates are `inner`'s, unchanged. The EMAs are those of `date.adaptive` with the
+  same `config` (`EngineConfig`: decays, winsorizing), so a baseline's logged profile
+  reads as the engine will; `measure_every_steps`: one step in that many is measured
+  (the horizons stay in steps). `date.adaptive` keeps the same EMAs itself, so a run
+  with the adaptive engine does not need this wrapper.
 
   Example:
-    >>> tx = measure_noise_scale(optax.sgd(0.1), noise_decay=0.0)
+    >>> tx = measure_noise_scale(optax.sgd(0.1))
     >>> params = {"w": jnp.ones(2)}
     >>> state = tx.init(params)
     >>> _, state = tx.update({"w": jnp.ones(2)}, state, params,
@@ -492,7 +469,8 @@ def measure_noise_scale(
     >>> round(float(noise_scale(state.noise)), 4)
     15.0
   """
-  check_decays(noise_decay, signal_decay)
+  config = engine_config(config, "config")
+  noise_decay, signal_decay = config.decays(measure_every_steps)
   inner = optax.with_extra_args_support(inner)
 
   def init_fn(params):
@@ -502,7 +480,8 @@ def measure_noise_scale(
     new_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
     noise = state.noise
     if grad_sq_norms is not None:  # static: either always given or never
-      noise = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay)
+      noise = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay,
+                                 clip=config.reading_clip, clip_after=config.warm_in)
     return new_updates, NoiseMeasurementState(inner_state, noise)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

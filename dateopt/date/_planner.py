@@ -12,16 +12,10 @@ from dateopt import schedules
 from dateopt.date import _adam_scaling as adam_rules
 from dateopt.date import _batch_schedules as batch_schedules
 from dateopt.date._builder import batch_schedule_of
-from dateopt.date._divergence import LEARNT
+from dateopt.date._engine_config import EngineConfig, engine_config
 from dateopt.date._noise import expected_efficiency
-from dateopt.date._progress import GROWTH_INTERVAL, batch_credit, batch_ladder, predicted_budget
-from dateopt.date._recipe import (
-    GAIN_RULES,
-    MOMENTUM_OPTIMIZERS,
-    NOISE_BATCH_EXPONENT,
-    STEP_PRICE,
-    Recipe,
-)
+from dateopt.date._progress import batch_credit, batch_ladder, predicted_budget
+from dateopt.date._recipe import GAIN_RULES, MOMENTUM_OPTIMIZERS, Recipe
 from dateopt.validation import check_choice, check_range, check_type
 
 #: The strategies `plan` knows (see its docstring): DATE's, the static rules, and the
@@ -83,8 +77,7 @@ def plan(
     gain_rule: str = "linear",
     linear_warmup_epochs: float = schedules.GOYAL_WARMUP_EPOCHS,
     grow_batch: bool = False,
-    step_price: float = STEP_PRICE,
-    noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
+    engine: EngineConfig | Mapping[str, Any] | None = None,
     noise_of: str | None = None,
     budget: float = 1.0,
     schedule_options: Mapping[str, object] | None = None,
@@ -158,11 +151,10 @@ def plan(
     gain_rule: "adaptive" only: "linear" or "sqrt" (see above).
     linear_warmup_epochs: "linear" only: the warmup's epochs (Goyal's 5).
     grow_batch: "adaptive" only: grow the batch up to `batch_size`.
-    step_price: with `grow_batch`: a step's price in examples of the
-      largest batch, in the rule "from rung B to B' once
-      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date._progress.wants_next_rung`).
-    noise_batch_exponent: with `grow_batch`: α, rung B's noise scale is read
-      × (B_max/B)^α for the gain and the climb (`dateopt.date._progress.credited_noise`).
+    engine: "adaptive" only: the engine's knobs, an `EngineConfig` or a mapping of
+      some of its fields (None: the defaults), e.g. {"step_price": 2.0}: with
+      `grow_batch`, a step's price in examples of the largest batch, in the rule
+      "from rung B to B' once B · B' ≤ step_price · B_max · B_noise".
     noise_of: "adaptive" only: "gradient", "lars_step" for a LARS baseline
       (the noise scale of the step LARS takes, each leaf's gradient times its
       trust ratio: `dateopt.date._builder.noise_leaf_scales`), "adam_step" for an
@@ -193,19 +185,11 @@ def plan(
     >>> round(big.learning_rate, 3), big.warmup_epochs
     (32.0, 10.0)
   """
-  check_type("baseline", baseline, Recipe, what="a dateopt.date.Recipe")
-  check_type("batch_size", batch_size, numbers.Integral, what="an int")
-  check_range("batch_size", batch_size, low=0, low_inclusive=False)
-  batch_size = int(batch_size)
-  check_choice("strategy", strategy, STRATEGIES)
-  check_choice("gain_rule", gain_rule, GAIN_RULES)  # for every strategy: a typo must not pass
-  check_range("promote_above", promote_above, low=0)
-  check_range("critical_batch_factor", critical_batch_factor, low=0.0,
-              low_inclusive=False)
-  check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, what="a number >= 0")
-  check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
+  batch_size = _check_plan_args(baseline, batch_size, strategy, gain_rule=gain_rule,
+                                promote_above=promote_above, grow_batch=grow_batch,
+                                critical_batch_factor=critical_batch_factor,
+                                linear_warmup_epochs=linear_warmup_epochs)
   anchors = dict(DEFAULT_PROMOTION_ANCHORS, **(promotion_anchors or {}))
-  check_type("grow_batch", grow_batch, bool, what="a bool")
   rules = _check_budget_and_options(strategy, budget, schedule_options, adam_scaling)
   if promote is None:
     promote = strategy == "legw"
@@ -222,7 +206,7 @@ def plan(
                        "'adaptive' strategy keeps the baseline's optimizer and hyper-parameters.")
     return _with_rung_rules(_adaptive_plan(
         baseline, batch_size, gain_rule, noise_scale, critical_batch_factor, grow_batch,
-        step_price, noise_of=noise_of, noise_batch_exponent=noise_batch_exponent), rules)
+        engine_config(engine), noise_of=noise_of), rules)
   if noise_of is not None:
     raise ValueError(f"noise_of={noise_of!r} is a rule of the 'adaptive' strategy (what its "
                      f"noise scale is measured on); got strategy={strategy!r}.")
@@ -232,13 +216,42 @@ def plan(
   if noise_scale is not None and not isinstance(noise_scale, numbers.Real):
     raise TypeError(f"noise_scale must be a number (B_noise in examples) for strategy "
                     f"{strategy!r}; a profile is for 'adaptive'. Got {noise_scale!r}.")
+  family = _promoted_family(baseline, batch_size, promote, promote_above, batch_norm)
+  return _static_plan(baseline, batch_size, strategy, family, anchors=anchors,
+                      promote_above=promote_above, momentum_scaling=momentum_scaling,
+                      noise_scale=noise_scale, critical_batch_factor=critical_batch_factor,
+                      linear_warmup_epochs=linear_warmup_epochs, budget=budget, rules=rules)
 
+
+def _check_plan_args(baseline: Recipe, batch_size: int, strategy: str, *, gain_rule: str,
+                     promote_above: int, grow_batch: bool, critical_batch_factor: float,
+                     linear_warmup_epochs: float) -> int:
+  """`plan`'s arguments checked (an error names the field); the batch size as an int."""
+  check_type("baseline", baseline, Recipe, what="a dateopt.date.Recipe")
+  check_type("batch_size", batch_size, numbers.Integral, what="an int")
+  check_range("batch_size", batch_size, low=0, low_inclusive=False)
+  check_choice("strategy", strategy, STRATEGIES)
+  check_choice("gain_rule", gain_rule, GAIN_RULES)  # for every strategy: a typo must not pass
+  check_range("promote_above", promote_above, low=0)
+  check_range("critical_batch_factor", critical_batch_factor, low=0.0,
+              low_inclusive=False)
+  check_type("linear_warmup_epochs", linear_warmup_epochs, numbers.Real, what="a number >= 0")
+  check_range("linear_warmup_epochs", linear_warmup_epochs, low=0.0)
+  check_type("grow_batch", grow_batch, bool, what="a bool")
+  return int(batch_size)
+
+
+def _static_plan(baseline: Recipe, batch_size: int, strategy: str, family: str, *,
+                 anchors: Mapping[str, tuple[int, float]], promote_above: int,
+                 momentum_scaling: bool, noise_scale: float | None,
+                 critical_batch_factor: float, linear_warmup_epochs: float, budget: float,
+                 rules: tuple[str, ...]) -> Recipe:
+  """The static strategies: the LR scaled by `strategy`'s rule (re-based on `family`'s anchor
+  where the optimizer was promoted), the warmup, momentum, budget and Adam rules."""
   k = batch_size / baseline.batch_size
   rule = _LR_RULES[strategy]
   changes = {"batch_size": batch_size}
   why = {"batch_size": f"target batch: k = {k:g} × baseline"}
-
-  family = _promoted_family(baseline, batch_size, promote, promote_above, batch_norm)
   if family != baseline.optimizer:
     anchor_batch, anchor_lr = anchors[family]
     peak = schedules.scale_learning_rate(anchor_lr, anchor_batch, batch_size, rule=rule)
@@ -326,8 +339,7 @@ def _budget_and_adam_rules(baseline: Recipe, family: str, k: float, curve: float
 
 def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                    noise_scale: float | Sequence[float] | None, critical_batch_factor: float,
-                   grow_batch: bool, step_price: float, *, noise_of: str | None,
-                   noise_batch_exponent: float) -> Recipe:
+                   grow_batch: bool, engine: EngineConfig, *, noise_of: str | None) -> Recipe:
   """The "adaptive" strategy: the baseline's schedule, walked by measured progress."""
   check_range("batch_size", batch_size, low=baseline.batch_size)
   k = batch_size / baseline.batch_size
@@ -345,30 +357,26 @@ def _adaptive_plan(baseline: Recipe, batch_size: int, gain_rule: str,
                      f"{base_steps} steps (at most {base_steps} steps, "
                      f"at least {-(-base_steps // int(k))})"),
   }
+  why["engine"] = _engine_text(engine, grow_batch)
   if grow_batch:
     ladder = batch_ladder(baseline.batch_size, batch_size)
     why["batch_size"] = f"the largest batch: k = {k:g} × baseline"
     why["warmup_epochs"] = (f"LEGW: the baseline's {warmup} steps, at the first rung, "
                             f"a ramp from 0")
-    why["grow_batch"] = (f"start at {ladder[0]}, one rung up every {GROWTH_INTERVAL} steps "
-                         f"after the warmup, once the loss has fallen to {LEARNT:g} × its "
-                         f"start, while B·B_next ≤ {step_price:g}·{batch_size:,}·"
-                         f"B_noise (a step priced at {step_price:g} × {batch_size:,} examples), "
-                         f"never down (Smith et al. 2018; McCandlish et al. 2018)")
-    why["step_price"] = (f"a step costs {step_price:g} × {batch_size:,} examples: the ladder "
-                         f"takes the rung with the cheapest progress, (B + price)/r(B) "
-                         f"(McCandlish et al. 2018: B* = √(price·B_noise))"
-                         + (" (the default)" if step_price == STEP_PRICE else ""))
-    why["noise_batch_exponent"] = (
-        f"rung B reads B_noise × ({batch_size:,}/B)^{noise_batch_exponent:g} for the gain and "
-        f"the climb: a smaller batch's hotter run reads less noise than the largest will"
-        + (" (the default: the study ResNet's 1.15× a doubling)"
-           if noise_batch_exponent == NOISE_BATCH_EXPONENT else ""))
+    price, alpha = engine.step_price, engine.noise_batch_exponent
+    why["grow_batch"] = (f"start at {ladder[0]}, one rung up every {engine.growth_interval} "
+                         f"steps after the warmup, once the loss has fallen to "
+                         f"{engine.learnt:g} × its start, while B·B_next ≤ {price:g}·"
+                         f"{batch_size:,}·B_noise (a step priced at {price:g} × {batch_size:,} "
+                         f"examples: the rung with the cheapest progress, (B + price)/r(B), "
+                         f"McCandlish et al. 2018's B* = √(price·B_noise)), rung B reading "
+                         f"B_noise × ({batch_size:,}/B)^{alpha:g}, never down "
+                         f"(Smith et al. 2018)")
     why["batch ladder"] = ", ".join(f"{b:,}" for b in ladder)
   try:
     planned = baseline.replace(
         batch_size=batch_size, base_batch_size=baseline.batch_size, gain_rule=gain_rule,
-        grow_batch=grow_batch, step_price=step_price, noise_batch_exponent=noise_batch_exponent,
+        grow_batch=grow_batch, engine=engine,
         noise_of=baseline.noise_of if noise_of is None else noise_of)
   except ValueError as e:
     raise _no_recipe(e, batch_size, "adaptive", baseline.batch_size) from e
@@ -473,13 +481,14 @@ def _budget_notes(noise_scale, planned: Recipe, critical_batch_factor: float) ->
   what = (f"B_noise = {profile[0]:,.0f}" if len(profile) == 1
           else f"a {len(profile)}-point B_noise profile, median {statistics.median(profile):,.0f}")
   notes = {}
-  read = batch_credit(planned.base_batch_size, planned.batch_size, planned.noise_batch_exponent)
+  alpha = planned.engine_config.noise_batch_exponent
+  read = batch_credit(planned.base_batch_size, planned.batch_size, alpha)
   if len(profile) == 1 and not grow_batch:  # the efficiency of the noise the run will read
     notes["expected efficiency"] = _efficiency_note(
         profile[0] * read, planned.base_batch_size, planned.batch_size, critical_batch_factor)
   notes["predicted steps"] = (f"{budget['steps']:,} for {what} at the baseline's batch, read "
                               f"× {read:.3g} at {planned.batch_size:,} (the batch trend, "
-                              f"× (B/B0)^{planned.noise_batch_exponent:g}), played out by the "
+                              f"× (B/B0)^{alpha:g}), played out by the "
                               f"engine's own steps (McCandlish et al. 2018: steps ∝ 1 + "
                               f"B_noise/B)")
   notes["predicted examples"] = (f"{budget['examples']:,} = "
@@ -533,7 +542,7 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], 
   """`predicted_budget` for an adaptive `recipe`: steps, examples and the largest batch, the
   engine's steps played out on `noise_scale` (a number or a profile over the baseline's progress,
   as a run at the baseline's batch reads it, or at `read_at_batch_size`; read × (B/B0)^α at
-  batch B, α the recipe's `noise_batch_exponent`, for a fixed batch too).
+  batch B, α the recipe's `engine["noise_batch_exponent"]`, for a fixed batch too).
 
   Example:
     >>> base = Recipe(batch_size=32, num_examples=8000, num_epochs=30,
@@ -549,9 +558,21 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], 
   ladder = _batches_of(recipe.base_batch_size, recipe.batch_size, recipe.grow_batch)
   return predicted_budget(_noise_profile(noise_scale), base_batch_size=recipe.base_batch_size,
                           batch_sizes=ladder, base_steps=recipe.total_steps,
-                          warmup_steps=recipe.warmup_steps, step_price=recipe.step_price,
-                          noise_batch_exponent=recipe.noise_batch_exponent,
+                          warmup_steps=recipe.warmup_steps, config=recipe.engine_config,
                           read_at_batch_size=read_at_batch_size)
+
+
+def _engine_text(engine: EngineConfig, grow_batch: bool) -> str:
+  """Why the engine has its knobs: the defaults, or which fields the plan was given."""
+  changed = {f: v for f, v in engine.to_dict().items() if v != getattr(EngineConfig(), f)}
+  if not grow_batch:  # a fixed batch neither climbs nor credits
+    changed = {f: v for f, v in changed.items()
+               if f not in ("early_rungs", "step_price", "noise_batch_exponent")}
+  given = (", ".join(f"{f} {v:g}" for f, v in changed.items()) + " as given, the rest at "
+           "their defaults" if changed else "every knob at its default")
+  return (f"{given} (`EngineConfig`): a {engine.horizon}-step horizon "
+          f"(noise EMAs {engine.noise_decay:g}/{engine.signal_decay:g}), a "
+          f"{engine.warm_in}-step warm-in, the loss held at {engine.hold_share:g} of its gains")
 
 
 _RULE_TEXT = {  # (from batch, to batch) -> how the LR rule scaled the peak

@@ -39,15 +39,15 @@ rule'). Below the top rung the gain and the climb read B_noise × (B_max/B)^α
 (`credited_noise`, α = `noise_batch_exponent`, 0.2): at equal progress a smaller
 batch's hotter run reads less noise than the largest batch will, so readings taken
 as they come would climb late (the evidence: docs/results/engine_rules.md, 'The noise
-credit'). It does not climb past `EARLY_RUNGS` × its first rung, nor to its largest,
-before the run has learnt (its smoothed loss at `LEARNT` × its start,
+credit'). It does not climb past `early_rungs` × its first rung, nor to its largest,
+before the run has learnt (its smoothed loss 2·`hold_share` below its start,
 `dateopt.date._divergence.has_learnt`, when the loss is given as `value=`): a
 plateau's noise readings are not resolved, and a gain or a batch taken from them
 over-drives the LR. Up to that rung it climbs from its first look, warmup or
 not, with the gain held to √(B/B0) until the run has learnt: a batch a few times
 the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
 'The early climb'). Nor does it climb while the divergence watch holds the gain (a
-rising loss), or while the loss sits above its best by more than `CLIMB_SHARE` of its
+rising loss), or while the loss sits above its best by more than `climb_share` of its
 gains (`dateopt.date._divergence.may_grow_batch`): a rung is never given back, and a
 wobble too small to hold the gain still lifts the noise reading (the evidence:
 docs/results/engine_rules.md, 'The climb share'). The gain and
@@ -56,13 +56,13 @@ the progress are those of the batch each step really had
 loses nothing. `next_batch_size(opt_state)` is the batch the
 engine wants for the next step.
 
-Trust (step 10): the progress credits only what a step applied. A step the
+Trust: the progress credits only what a step applied. A step the
 divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
-most `GAIN_RISE` per step after its first `GAIN_SETTLE` measurements, and not
+most `gain_rise` per step after its first `warm_in` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
 the gain would jump to k), nor, once the run has learnt, while its loss sits above
-its best by more than `CLIMB_SHARE` of its gains (a bump's readings stay high
+its best by more than `climb_share` of its gains (a bump's readings stay high
 after the loss has stopped rising). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
 at any batch (the evidence: docs/results/engine_rules.md, 'The gain hold until the run
@@ -70,13 +70,14 @@ has learnt'). Each noise reading is winsorized against the EMAs
 (`dateopt.date._noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date._divergence` watches the run. A step whose gradient jumps
-`GRADIENT_JUMP` times its expected squared norm is skipped, so an exploding
+`horizon` times its expected norm is skipped, so an exploding
 gradient never reaches the optimizer's moments; so is a step whose gradient, or the
 update the optimizer makes of it, is not finite (with the watch, both count toward
-`divergence_patience`). While its loss is on the way up
+the watch's patience, `horizon` steps). While its loss is on the way up
 the noise is not measured and the gain is 1 (the baseline's pace); once the run is
 diverged it holds the progress, cuts the LR, and gives up after
-`divergence_patience` steps.
+`horizon` stalled steps. Every knob named here is a field of `EngineConfig`, or derived
+from one.
 
 `adaptive` is a plain optax transformation: any training loop can use it,
 passing the step's `GradientSqNorms` as `update(..., grad_sq_norms=...)`, the
@@ -88,14 +89,13 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from dateopt.date._divergence import (
-    DIVERGENCE_PATIENCE,
     DIVERGENCE_RULES,
     DivergenceWatchState,
     adaptive_part,
@@ -109,22 +109,20 @@ from dateopt.date._divergence import (
     update_watch,
 )
 from dateopt.date._adam_scaling import injected
+from dateopt.date._engine_config import EngineConfig, engine_config
 from dateopt.date._guard import all_finite
 from dateopt.date._noise import (
-    NOISE_DECAY,
-    SIGNAL_DECAY,
     GradientSqNorms,
     NoiseScaleState,
     adascale_gain,
     check_batch_sizes,
-    check_decays,
     gain_from_estimates,
     init_noise_scale,
     noise_scale,
     update_noise_scale,
 )
-from dateopt.date._recipe import GAIN_RULES, NOISE_BATCH_EXPONENT, STEP_PRICE
-from dateopt.validation import as_int, check_choice, check_range, check_scalar
+from dateopt.date._recipe import GAIN_RULES
+from dateopt.validation import as_int, check_choice, check_range, check_scalar, check_type
 
 
 class Observation(NamedTuple):
@@ -188,24 +186,6 @@ class AdaptiveState(NamedTuple):
   observation: Observation
 
 
-#: The largest relative rise of the gain in one step; a healthy run's gain moves far slower
-#: once its EMAs have a few measurements, a diverging run's soars.
-GAIN_RISE = 0.25
-#: The first measurements, this many, set the gain as measured (the EMAs are still settling,
-#: and the LEGW ramp keeps those steps' credit small); after them it rises at most `GAIN_RISE`
-#: a step.
-GAIN_SETTLE = 10
-
-#: Steps between two looks at the growth rule: a rung's noise EMAs (a ~100-step horizon) get a
-#: few measurements at the new batch before the next decision.
-GROWTH_INTERVAL = 20
-
-#: Before the run has learnt, a growing batch climbs to at most this many times its first
-#: rung, with the gain held to √(B/B0) (LEGW's LR at that batch); the largest rung is never
-#: reached this way, but earned by the growth rule on a run that has learnt. What each such
-#: rule buys is measured by `python -m dateopt.study --ablate` (docs/results/schedule_study.md).
-EARLY_RUNGS = 16
-
 #: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
 #: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
 #: are the divergence watch's ways into a diverged phase (`dateopt.date._divergence`).
@@ -263,8 +243,7 @@ def batch_ladder(base_batch_size: int, max_batch_size: int, *, multiple_of: int 
 
 
 def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_batch_size,
-                    warmup_steps: int, step_price: float = STEP_PRICE,
-                    growth_interval: int = GROWTH_INTERVAL):
+                    warmup_steps: int, step_price: float, growth_interval: int):
   """The growth rule, for Python numbers or jax arrays alike (the engine and the planner).
 
   After `count` steps: past the warmup, on a multiple of `growth_interval`,
@@ -275,11 +254,10 @@ def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_
 
   Example:
     >>> # B_max = 2048, B_noise = 100: λ·B_noise = 204,800; 256 · 512 = 131,072 fits
-    >>> wants_next_rung(100, 100.0, batch_size=256, next_batch_size=512,
-    ...                 max_batch_size=2048, warmup_steps=80)
+    >>> rule = dict(max_batch_size=2048, warmup_steps=80, step_price=1.0, growth_interval=20)
+    >>> wants_next_rung(100, 100.0, batch_size=256, next_batch_size=512, **rule)
     True
-    >>> wants_next_rung(100, 100.0, batch_size=512, next_batch_size=1024,
-    ...                 max_batch_size=2048, warmup_steps=80)
+    >>> wants_next_rung(100, 100.0, batch_size=512, next_batch_size=1024, **rule)
     False
   """
   return ((count >= max(warmup_steps, 1)) & (count % growth_interval == 0)
@@ -288,7 +266,7 @@ def wants_next_rung(count, noise_scale_now, *, batch_size, next_batch_size, max_
 
 
 def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: int,
-                   exponent: float = NOISE_BATCH_EXPONENT) -> NoiseScaleState:
+                   exponent: float) -> NoiseScaleState:
   """The noise readings of rung `batch_size` credited to the largest rung's (arrays).
 
   tr Σ × (B_max/B)^α, so B_noise × (B_max/B)^α: at equal progress a smaller
@@ -300,7 +278,7 @@ def credited_noise(noise_state: NoiseScaleState, batch_size, *, max_batch_size: 
   Example:
     >>> from dateopt.date._noise import GradientSqNorms, init_noise_scale, update_noise_scale
     >>> s = update_noise_scale(init_noise_scale(), GradientSqNorms(5.0, 2.375, 10, 80), 0.0)
-    >>> credited = credited_noise(s, 80, max_batch_size=2560)  # × (2560/80)^0.2 = × 2
+    >>> credited = credited_noise(s, 80, max_batch_size=2560, exponent=0.2)  # × 32^0.2 = × 2
     >>> float(noise_scale(s)), round(float(noise_scale(credited)), 2)
     (15.0, 30.0)
   """
@@ -345,24 +323,26 @@ def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
   return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
 
 
-def _may_climb(watch, rules_off):
+def _may_climb(watch, config, rules_off):
   """`may_grow_batch`, or with "climb_share" off, `has_learnt` alone."""
-  return has_learnt(watch) if "climb_share" in rules_off else may_grow_batch(watch)
+  return (has_learnt(watch, config) if "climb_share" in rules_off
+          else may_grow_batch(watch, config))
 
 
-def _no_rise_off_best(gain, previous, watch, learnt):
+def _no_rise_off_best(gain, previous, watch, learnt, config):
   """The gain, not risen above the last step's while a run that has `learnt` has its loss above
-  its best by more than `CLIMB_SHARE` of its gains (`may_grow_batch` false).
+  its best by more than `climb_share` of its gains (`may_grow_batch` false).
 
   After a bump the readings stay high for a while once the loss has stopped
   rising, and a gain that followed them would race the run to its end on a bump's
   noise (the evidence: docs/results/engine_rules.md, 'The climb share').
   """
-  off_best = learnt & ~may_grow_batch(watch)
+  off_best = learnt & ~may_grow_batch(watch, config)
   return jnp.where(off_best, jnp.minimum(gain, previous), gain)
 
 
-def _watched_gain(gain, state, watch, learnt, rules_off, *, step_batch, base_batch_size):
+def _watched_gain(gain, state, watch, learnt, config, rules_off, *, step_batch,
+                  base_batch_size):
   """The gain after the watch's rules.
 
   No rise while the loss sits off its best (`_no_rise_off_best`), and held to
@@ -371,26 +351,26 @@ def _watched_gain(gain, state, watch, learnt, rules_off, *, step_batch, base_bat
   "gain_hold_until_learnt").
   """
   if "climb_share" not in rules_off:
-    gain = _no_rise_off_best(gain, state.gain, watch, learnt)
+    gain = _no_rise_off_best(gain, state.gain, watch, learnt, config)
   if "gain_hold_until_learnt" in rules_off:
     return gain
   return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
 
 
-def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau, step_price,
-                 growth_interval):
-  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `EARLY_RUNGS` × B0,
+def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau,
+                 config: EngineConfig):
+  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `early_rungs` × B0,
   below its largest rung, by the growth rule, priced at the full ladder's maximum, warmup or
   not; else `next_batch`."""
-  early_ladder = tuple(b for b in ladder[:-1] if b <= EARLY_RUNGS * ladder[0])
+  early_ladder = tuple(b for b in ladder[:-1] if b <= config.early_rungs * ladder[0])
   if len(early_ladder) < 2:  # static: no rung to climb to before the run has learnt
     return next_batch
-  early = _climb(batch_size, count, noise_state, early_ladder, 0, step_price, growth_interval,
-                 ladder[-1])
+  early = _climb(batch_size, count, noise_state, early_ladder, 0, config.step_price,
+                 config.growth_interval, ladder[-1])
   return jnp.where(plateau & (batch_size < early_ladder[-1]), early, next_batch)
 
 
-def bounded_gain(measured, previous, trusted, *, batch_ratio=1.0, max_rise: float = GAIN_RISE):
+def bounded_gain(measured, previous, trusted, *, max_rise: float, batch_ratio=1.0):
   """The gain a step applies: the measured one, risen at most `max_rise` since the last
   step, and not risen at all when the estimate is not `trusted` (Python numbers or arrays).
 
@@ -398,9 +378,10 @@ def bounded_gain(measured, previous, trusted, *, batch_ratio=1.0, max_rise: floa
   twice as large may be up to twice as large (a growing batch's new rung).
 
   Example:
-    >>> bounded_gain(8.0, 2.0, True), bounded_gain(8.0, 2.0, False), bounded_gain(1.5, 2.0, True)
-    (2.5, 2.0, 1.5)
-    >>> bounded_gain(8.0, 2.0, True, batch_ratio=2.0)
+    >>> [bounded_gain(m, 2.0, trusted, max_rise=0.25) for m, trusted in
+    ...  [(8.0, True), (8.0, False), (1.5, True)]]
+    [2.5, 2.0, 1.5]
+    >>> bounded_gain(8.0, 2.0, True, max_rise=0.25, batch_ratio=2.0)
     5.0
   """
   previous = previous * batch_ratio
@@ -429,13 +410,10 @@ def adaptive(
     base_steps: int,
     warmup_steps: int = 0,
     gain_rule: str = "linear",
-    noise_decay: float = NOISE_DECAY,
-    signal_decay: float | None = SIGNAL_DECAY,
     batch_sizes: Sequence[int] | None = None,
-    step_price: float = STEP_PRICE,
-    noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
-    growth_interval: int = GROWTH_INTERVAL,
-    divergence_patience: int | None = DIVERGENCE_PATIENCE,
+    config: EngineConfig | Mapping[str, Any] | None = None,
+    measure_every_steps: int = 1,
+    watch: bool = True,
     rung_hyperparams: Callable[..., dict] | None = None,
     rules_off: Sequence[str] = (),
 ) -> optax.GradientTransformationExtraArgs:
@@ -454,28 +432,23 @@ def adaptive(
       the progress τ reaches it.
     warmup_steps: W, the baseline's warmup in steps (LEGW keeps it in steps).
     gain_rule: "linear" (lr × r, AdaScale's rule for SGD) or "sqrt" (lr × √r).
-    noise_decay: EMA decay of the noise-scale estimates, per measurement,
-      `NOISE_DECAY` (0.99, a ~100-measurement horizon) by default.
-    signal_decay: the |G|² EMA's own decay per measurement (`update_noise_scale`),
-      `SIGNAL_DECAY` (0.97) by default: |G|² falls faster than tr Σ, and at a high gain a
-      100-step horizon reads B_noise low; None: `noise_decay` (one horizon).
     batch_sizes: a growing batch: the ladder of batch sizes, increasing and
       ending at `batch_size` (`batch_ladder`). None: the batch stays at
       `batch_size`.
-    step_price: the growth rule's price of a step, in examples of the largest
-      batch (B · B_next ≤ step_price · B_max · B_noise; `wants_next_rung`).
-    noise_batch_exponent: with `batch_sizes`: α, the gain and the climb read
-      the noise scale of rung B × (B_max/B)^α (`credited_noise`); 0: as measured.
-    growth_interval: steps between two looks at the growth rule.
-    divergence_patience: diverged steps in all (`dateopt.date._divergence`)
-      before the engine gives up; None turns the watch off. The watch needs
-      the loss as `value=`; without it, it never fires.
+    config: the engine's knobs, an `EngineConfig` (or a mapping of its fields;
+      None: the defaults): its horizon, warm-in, loss bands, gain rise, early
+      rungs, the growth rule's step price and the noise credit's exponent.
+    measure_every_steps: the loop measures the noise on one step in this many
+      (`no_measurement` on the others): the EMAs' horizons stay in steps.
+    watch: the divergence watch (`dateopt.date._divergence`): a diverged run is
+      held, its LR cut, and given up after `config.horizon` stalled steps. It
+      needs the loss as `value=`; without it, it never fires.
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and the LR
       factor its gain applied (`dateopt.date._adam_scaling.rung_hyperparams`).
     rules_off: `ENGINE_RULES` switched off, to measure what each buys (an ablation;
       "gain_rise_bound" takes the |G|² ≤ 0 hold with it; the rules of the watch need
-      `value=` and a `divergence_patience`, "credited_noise" and "early_climb" a ladder).
+      `value=` and `watch`, "credited_noise" and "early_climb" a ladder).
       Default: every rule on.
   Returns:
     A `GradientTransformationExtraArgs` with state `AdaptiveState`. Call
@@ -504,10 +477,8 @@ def adaptive(
   """
   engine = _engine(base_schedule, base_batch_size=base_batch_size, batch_size=batch_size,
                    base_steps=base_steps, warmup_steps=warmup_steps, gain_rule=gain_rule,
-                   noise_decay=noise_decay, signal_decay=signal_decay, batch_sizes=batch_sizes,
-                   step_price=step_price, noise_batch_exponent=noise_batch_exponent,
-                   growth_interval=growth_interval, divergence_patience=divergence_patience,
-                   rules_off=rules_off)
+                   batch_sizes=batch_sizes, config=config,
+                   measure_every_steps=measure_every_steps, watch=watch, rules_off=rules_off)
   inner, set_step = injected(make_optimizer, rung_hyperparams)
 
   def init_fn(params):
@@ -529,37 +500,34 @@ class _Engine(NamedTuple):
   base_steps: int
   warmup_steps: int
   gain_rule: str
-  noise_decay: float
-  signal_decay: float | None
   ladder: tuple[int, ...] | None
-  step_price: float
-  noise_batch_exponent: float
-  growth_interval: int
-  divergence_patience: int | None
+  config: EngineConfig
+  noise_decay: float  # per measurement
+  signal_decay: float | None  # None: the noise decay ("signal_horizon" off)
+  noise_batch_exponent: float  # 0 with "credited_noise" off
+  watch: bool
   off: frozenset[str]
 
 
 def _engine(base_schedule: optax.Schedule, *, base_batch_size: int, batch_size: int,
             base_steps: int, warmup_steps: int = 0, gain_rule: str = "linear",
-            noise_decay: float = NOISE_DECAY, signal_decay: float | None = SIGNAL_DECAY,
-            batch_sizes: Sequence[int] | None = None, step_price: float = STEP_PRICE,
-            noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
-            growth_interval: int = GROWTH_INTERVAL,
-            divergence_patience: int | None = DIVERGENCE_PATIENCE,
+            batch_sizes: Sequence[int] | None = None,
+            config: EngineConfig | Mapping[str, Any] | None = None,
+            measure_every_steps: int = 1, watch: bool = True,
             rules_off: Sequence[str] = ()) -> _Engine:
   """`adaptive`'s settings checked (an error names the field) and gathered: what `adaptive`
   and `replay` run."""
   _check_adaptive(base_batch_size=base_batch_size, batch_size=batch_size, base_steps=base_steps,
-                  warmup_steps=warmup_steps, gain_rule=gain_rule, noise_decay=noise_decay,
-                  signal_decay=signal_decay, step_price=step_price,
-                  noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
-                  divergence_patience=divergence_patience)
+                  warmup_steps=warmup_steps, gain_rule=gain_rule)
+  check_type("watch", watch, bool, what="True or False")
+  config = engine_config(config, "config")
   ladder = _check_ladder(batch_sizes, base_batch_size, batch_size)
-  off, noise_batch_exponent, signal_decay = _with_rules_off(rules_off, noise_batch_exponent,
-                                                            signal_decay)
+  off = check_rules_off(rules_off)
+  noise_decay, signal_decay = config.decays(measure_every_steps)
   return _Engine(base_schedule, base_batch_size, batch_size, base_steps, warmup_steps,
-                 gain_rule, noise_decay, signal_decay, ladder, step_price,
-                 noise_batch_exponent, growth_interval, divergence_patience, off)
+                 gain_rule, ladder, config, noise_decay,
+                 None if "signal_horizon" in off else signal_decay,
+                 0.0 if "credited_noise" in off else config.noise_batch_exponent, watch, off)
 
 
 def _init_state(engine: _Engine, inner_state: Any) -> AdaptiveState:
@@ -618,23 +586,22 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
   k = _step_batch(engine, state, grad_sq_norms) / engine.base_batch_size
   state, grad_sq_norms, loss, lr_multiplier, grads_finite = _fenced(
       state, grad_sq_norms, loss, lr_multiplier, grads_finite)
-  watching = loss is not None and engine.divergence_patience is not None  # static
+  watching = loss is not None and engine.watch  # static
   watch = state.watch
   if watching:
-    watch = update_watch(watch, loss, step=state.count, patience=engine.divergence_patience,
+    watch = update_watch(watch, loss, step=state.count, config=engine.config,
                          progress_fraction=state.progress / engine.base_steps,
                          rules_off=engine.off)
   healthy = watch.diverged_steps == 0
   # A rising loss: the gradient's noise is the run's own.
-  steady = healthy if "rising_hold" in engine.off else healthy & ~loss_rising(watch)
+  steady = (healthy if "rising_hold" in engine.off
+            else healthy & ~loss_rising(watch, engine.config))
   # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
   # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
-  noise, jump = _measure(state.noise, grad_sq_norms, steady & grads_finite,
-                         noise_decay=engine.noise_decay, signal_decay=engine.signal_decay,
-                         rules_off=engine.off, watched=engine.divergence_patience is not None)
+  noise, jump = _measure(engine, state.noise, grad_sq_norms, steady & grads_finite)
   step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
-  learnt = has_learnt(watch) if watching else None  # static: only the watch knows
+  learnt = has_learnt(watch, engine.config) if watching else None  # static: only the watch knows
   gain = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
                     steady=steady, healthy=healthy, watching=watching)
   ramp = _legw_ramp(state.count, engine.warmup_steps)
@@ -679,13 +646,14 @@ def _outcomes(engine: _Engine, state: AdaptiveState, stepped: AdaptiveState, wat
   patience), and taken but its update not finite (a skipped step); each with its phase and
   what the step showed it."""
   def idle(skipped):
-    counted = (watch if engine.divergence_patience is None  # static: no watch, no count
-               else count_gradient_jump(watch, skipped, patience=engine.divergence_patience))
+    counted = (count_gradient_jump(watch, skipped, patience=engine.config.patience)
+               if engine.watch else watch)  # static: no watch, no count
     return state._replace(noise=noise, watch=counted)
 
   def finish(after, update_finite):
     return after._replace(
-        phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps),
+        phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps,
+                    config=engine.config),
         observation=seen._replace(update_finite=update_finite))
 
   return (finish(stepped, jnp.array(True)), finish(idle(skip), jnp.array(True)),
@@ -745,12 +713,12 @@ def _step_gain(engine: _Engine, state: AdaptiveState, watch, noise, measured, st
   """The gain the step applies: the measured gain, settled (`_settled_gain`), 1 on a rising
   loss, then the watch's rules (`_watched_gain`)."""
   trusted = (noise.grad_sq_ema > 0) & healthy
-  gain = _settled_gain(measured, state, trusted, step_batch, engine.off, healthy)
+  gain = _settled_gain(measured, state, trusted, step_batch, engine.config, engine.off, healthy)
   gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
   if not watching:  # static: the watch's rules on the gain need the loss
     return gain
-  return _watched_gain(gain, state, watch, learnt, engine.off, step_batch=step_batch,
-                       base_batch_size=engine.base_batch_size)
+  return _watched_gain(gain, state, watch, learnt, engine.config, engine.off,
+                       step_batch=step_batch, base_batch_size=engine.base_batch_size)
 
 
 def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read, learnt, *,
@@ -760,50 +728,46 @@ def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read
   if not engine.ladder:
     return state.batch_size
   # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-  may_climb = (steady & _may_climb(watch, engine.off)) if watching else steady
+  may_climb = (steady & _may_climb(watch, engine.config, engine.off)) if watching else steady
   next_batch = jnp.where(may_climb,
                          _climb(state.batch_size, count, read, engine.ladder,
-                                engine.warmup_steps, engine.step_price, engine.growth_interval),
+                                engine.warmup_steps, engine.config.step_price,
+                                engine.config.growth_interval),
                          state.batch_size)
   # Before the run has learnt, the early rungs, from the start, read as measured: the credit
   # is the batch trend of runs that learn (a plateau's readings are not resolved).
   if watching and "early_climb" not in engine.off:  # static
     next_batch = _early_climb(next_batch, state.batch_size, count, noise, engine.ladder,
-                              steady & ~learnt, engine.step_price, engine.growth_interval)
+                              steady & ~learnt, engine.config)
   return next_batch
 
 
-def _with_rules_off(rules_off, noise_batch_exponent, signal_decay):
-  """(the rules off, checked; α; the signal decay): α 0 with "credited_noise" off, the
-  signal decay None (one horizon) with "signal_horizon" off."""
-  off = check_rules_off(rules_off)
-  return (off, 0.0 if "credited_noise" in off else noise_batch_exponent,
-          None if "signal_horizon" in off else signal_decay)
-
-
-def _settled_gain(measured, state, trusted, step_batch, rules_off, healthy):
-  """The first `GAIN_SETTLE` measurements set the gain; then it rises at most `GAIN_RISE` a
+def _settled_gain(measured, state, trusted, step_batch, config, rules_off, healthy):
+  """The first `warm_in` measurements set the gain; then it rises at most `gain_rise` a
   step (`bounded_gain`); with "gain_rise_bound" off, the measured gain on a healthy step (a
   diverged one still does not raise it)."""
   batch_ratio = jnp.asarray(step_batch, jnp.float32) / state.gain_batch_size
   if "gain_rise_bound" in rules_off:
     return jnp.where(healthy, measured, jnp.minimum(measured, state.gain * batch_ratio))
-  return jnp.where(state.noise.count < GAIN_SETTLE, measured,
-                   bounded_gain(measured, state.gain, trusted, batch_ratio=batch_ratio))
+  return jnp.where(state.noise.count < config.warm_in, measured,
+                   bounded_gain(measured, state.gain, trusted, max_rise=config.gain_rise,
+                                batch_ratio=batch_ratio))
 
 
-def _measure(noise, grad_sq_norms, ok, *, noise_decay, signal_decay, watched,
-             rules_off=frozenset()):
+def _measure(engine: _Engine, noise, grad_sq_norms, ok):
   """The noise EMAs after the step's readings, and whether its gradient jumped
-  (`gradient_jump`, only `watched`). A step not `ok` (a rising loss, a diverged run, a
-  non-finite gradient), or one that jumped, leaves the EMAs as they were. `rules_off`:
+  (`gradient_jump`, only with the watch). A step not `ok` (a rising loss, a diverged run, a
+  non-finite gradient), or one that jumped, leaves the EMAs as they were. Rules off:
   "gradient_jump_skip" (nothing is a jump), "winsorized_readings" (readings as read)."""
   if grad_sq_norms is None:  # static: either always given or never
     return noise, jnp.array(False)
-  jump = (gradient_jump(noise, grad_sq_norms, noise_decay)
-          if watched and "gradient_jump_skip" not in rules_off else jnp.array(False))
-  measured = update_noise_scale(noise, grad_sq_norms, noise_decay, signal_decay=signal_decay,
-                                winsorize="winsorized_readings" not in rules_off)
+  config, off = engine.config, engine.off
+  jump = (gradient_jump(noise, grad_sq_norms, engine.noise_decay, config=config)
+          if engine.watch and "gradient_jump_skip" not in off else jnp.array(False))
+  measured = update_noise_scale(
+      noise, grad_sq_norms, engine.noise_decay, signal_decay=engine.signal_decay,
+      clip=None if "winsorized_readings" in off else config.reading_clip,
+      clip_after=config.warm_in)
   return jax.tree.map(lambda new, old: jnp.where(ok & ~jump, new, old), measured, noise), jump
 
 
@@ -821,26 +785,19 @@ def _check_update(grad_sq_norms, value, *, measures: bool) -> None:
         "date.adaptive: update() got no grad_sq_norms, so no gradient noise is measured and "
         "the gain stays 1 (the baseline's pace; a growing batch stays at its first rung). "
         "Pass the step's GradientSqNorms as update(..., grad_sq_norms=...): from "
-        "date.grouped_value_and_grad, date.combine_group_grads or "
+        "date.grouped_value_and_grad or "
         "date.cross_replica_sq_norms, and date.no_measurement on steps that do not measure.",
         UserWarning, stacklevel=3)
 
 
-def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule,
-                    noise_decay, signal_decay, step_price, noise_batch_exponent, growth_interval,
-                    divergence_patience) -> None:
+def _check_adaptive(*, base_batch_size, batch_size, base_steps, warmup_steps, gain_rule
+                    ) -> None:
   """`adaptive`'s numbers and choices, checked: an error names the field and what it allows."""
   as_int("base_batch_size", base_batch_size, low=1)
   as_int("batch_size", batch_size, low=base_batch_size)
   as_int("base_steps", base_steps, low=1)  # before the warmup, whose range it sets
   check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
   check_choice("gain_rule", gain_rule, GAIN_RULES)
-  check_decays(noise_decay, signal_decay)
-  check_range("step_price", step_price, low=0.0, low_inclusive=False)
-  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
-  as_int("growth_interval", growth_interval, low=1)
-  if divergence_patience is not None:
-    as_int("divergence_patience", divergence_patience, low=1)
 
 
 def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] | None:
@@ -864,7 +821,8 @@ def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] |
 PHASES = ("warmup", "plateau", "learning", "hold", "diverged", "done", "gave_up")
 
 
-def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int) -> jax.Array:
+def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int,
+          config: EngineConfig) -> jax.Array:
   """Which of `PHASES` the `adaptive` engine is in after its last step (an int32 index).
 
   The first that holds: "gave_up" (diverged for the watch's patience: updates
@@ -881,14 +839,16 @@ def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int) -> jax.Ar
     >>> tx = adaptive(lambda learning_rate: optax.sgd(learning_rate),
     ...               optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
     ...               base_steps=1000, warmup_steps=5)
-    >>> PHASES[int(phase(tx.init({"w": jnp.ones(2)}), base_steps=1000, warmup_steps=5))]
+    >>> PHASES[int(phase(tx.init({"w": jnp.ones(2)}), base_steps=1000, warmup_steps=5,
+    ...                  config=EngineConfig()))]
     'warmup'
   """
   watch = state.watch
   watched = watch.count > 0
   tests = [("gave_up", watch.gave_up), ("diverged", watch.diverged_steps > 0),
            ("done", state.progress >= base_steps), ("warmup", state.count < warmup_steps),
-           ("hold", watched & loss_rising(watch)), ("plateau", watched & ~has_learnt(watch))]
+           ("hold", watched & loss_rising(watch, config)),
+           ("plateau", watched & ~has_learnt(watch, config))]
   return jnp.select([held for _, held in tests], [PHASES.index(name) for name, _ in tests],
                     default=PHASES.index("learning")).astype(jnp.int32)
 
@@ -1019,9 +979,7 @@ def decisions(state: AdaptiveState) -> dict[str, Any]:
 
 def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: int,
                      batch_sizes: Sequence[int], base_steps: int, warmup_steps: int = 0,
-                     step_price: float = STEP_PRICE,
-                     noise_batch_exponent: float = NOISE_BATCH_EXPONENT,
-                     growth_interval: int = GROWTH_INTERVAL,
+                     config: EngineConfig | Mapping[str, Any] | None = None,
                      read_at_batch_size: int | None = None,
                      losses: Sequence[float] | None = None) -> dict[str, Any]:
   """Steps, examples and the largest batch of an adaptive run, played out by the engine itself.
@@ -1031,7 +989,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
   `noise_scales`: B_noise as a run at the baseline's batch B0 reads it, one
   number or a profile (values at equally spaced points of the baseline's
   progress, e.g. what the baseline logged). A step at rung B reads it
-  × (B/B0)^α (α = `noise_batch_exponent`), the batch trend that `credited_noise`
+  × (B/B0)^α (α = `config.noise_batch_exponent`), the batch trend that `credited_noise`
   credits up to the largest rung's, as tr Σ/|G|² with tr Σ + |G|² = 1, read exactly. So the
   gain, its settling and rise bound, the LEGW ramp, the growth rule and the
   progress are the engine's, not a copy of them. `losses` (a profile over the
@@ -1049,7 +1007,7 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
 
   Example:
     >>> budget = predicted_budget(1000.0, base_batch_size=100, batch_sizes=(1000,),
-    ...                           base_steps=5500, noise_batch_exponent=0.0)
+    ...                           base_steps=5500, config={"noise_batch_exponent": 0.0})
     >>> budget["steps"], budget["examples_vs_baseline"]
     (1000, 1.8181818181818181)
     >>> # read × 10^0.2 at batch 1,000: B_noise 1,585, gain 16.85/2.585 = 6.52, 5,500/6.52
@@ -1057,8 +1015,9 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
     ...                  base_steps=5500)["steps"]
     844
   """
+  config = engine_config(config, "config")
   profile, ladder = _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps,
-                                         warmup_steps, noise_batch_exponent)
+                                         warmup_steps)
   read_at = base_batch_size if read_at_batch_size is None else read_at_batch_size
   check_range("read_at_batch_size", read_at, low=1)
   if losses is not None:
@@ -1069,9 +1028,8 @@ def predicted_budget(noise_scales: float | Sequence[float], *, base_batch_size: 
       check_range("losses", value, low=0.0, finite=False)
   engine = _engine(_UNIT_SCHEDULE, base_batch_size=base_batch_size, batch_size=ladder[-1],
                    base_steps=base_steps, warmup_steps=warmup_steps,
-                   batch_sizes=ladder if len(ladder) > 1 else None, step_price=step_price,
-                   noise_batch_exponent=noise_batch_exponent, growth_interval=growth_interval,
-                   divergence_patience=None if losses is None else DIVERGENCE_PATIENCE)
+                   batch_sizes=ladder if len(ladder) > 1 else None, config=config,
+                   watch=losses is not None)
   state, rung_steps = _play_out(engine, jnp.asarray(profile, jnp.float32), float(read_at),
                                 None if losses is None else jnp.asarray(losses, jnp.float32))
   examples = sum(int(n) * b for n, b in zip(rung_steps, ladder))  # Python ints: no overflow
@@ -1133,11 +1091,12 @@ def _play_out(engine: _Engine, profile: jax.Array, read_at: float, losses: jax.A
 def _play_out_limit(engine: _Engine) -> int:
   """The steps a play-out may take: at gain 1 a run covers the baseline's steps in about
   as many, plus half its warmup; twice that, and the watch's patience, end any other."""
-  return 2 * (engine.base_steps + engine.warmup_steps) + 2 * (engine.divergence_patience or 0)
+  return 2 * (engine.base_steps + engine.warmup_steps) + 2 * (engine.config.patience
+                                                             if engine.watch else 0)
 
 
-def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps, warmup_steps,
-                         noise_batch_exponent) -> tuple[list[float], tuple[int, ...]]:
+def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps, warmup_steps
+                         ) -> tuple[list[float], tuple[int, ...]]:
   """`predicted_budget`'s profile (a list of B_noise >= 0) and ladder, checked."""
   profile = [noise_scales] if isinstance(noise_scales, (int, float)) else list(noise_scales)
   if not profile:
@@ -1148,5 +1107,4 @@ def _check_budget_inputs(noise_scales, batch_sizes, base_batch_size, base_steps,
   ladder = _check_ladder(rungs, base_batch_size, rungs[-1] if rungs else 0)
   as_int("base_steps", base_steps, low=1)
   check_range("warmup_steps", warmup_steps, low=0, high=base_steps, high_inclusive=False)
-  check_range("noise_batch_exponent", noise_batch_exponent, low=0.0, high=1.0)
   return profile, ladder

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from dateopt import extras, masks, schedules
 from dateopt.date import _adam_scaling as adam_scaling
 from dateopt.date._batch_schedules import BATCH_SCHEDULES, SCHEDULE_OPTIONS
+from dateopt.date._engine_config import EngineConfig, engine_config
 from dateopt.validation import check_choice, check_range, check_type
 
 #: The optimizer families a `Recipe` can name.
@@ -34,21 +35,13 @@ _DECAY_FIELDS = {
 }
 #: How an adaptive run scales its LR by the gain r: "linear" (×r) or "sqrt" (×√r).
 GAIN_RULES = ("linear", "sqrt")
-#: The default price of a step in the growth rule, in examples of the largest batch: climb
-#: from rung B to B' once B·B' ≤ STEP_PRICE · B_max · B_noise.
-STEP_PRICE = 1.0
-#: The default α of the growing batch's credit: rung B's noise readings count × (B_max/B)^α
-#: for its gain and its climb (`credited_noise`). A smaller batch's run reads a lower
-#: B_noise at equal progress (it sits where |G|² is larger); 0.2 = log2(1.15), 1.15 per
-#: doubling (the evidence: docs/results/engine_rules.md, 'The noise credit').
-NOISE_BATCH_EXPONENT = 0.2
 #: What DATE can measure the noise scale of: "gradient", "lars_step" (each leaf's gradient
 #: times its LARS trust ratio), "adam_step" (the gradient in Adam's metric, 1/(√v̂ + ε) per
 #: coordinate; opt-in) or "auto" (the step LARS takes where DATE can measure it:
 #: `Recipe.measured_noise_of`).
 NOISE_OF = ("auto", "gradient", "lars_step", "adam_step")
 ADAM_STEP_OPTIMIZERS = ("adam", "adamw")
-_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of")
+_ADAPTIVE_FIELDS = ("base_batch_size", "gain_rule", "grow_batch", "noise_of", "engine")
 _ALWAYS_USED = ("batch_size", "num_examples", "num_epochs", "learning_rate",
                 "optimizer", "weight_decay", "mask", "warmup_epochs",
                 "init_value", "decay", "grad_clip_norm", "label_smoothing",
@@ -60,6 +53,9 @@ def _spec(default: Any = dataclasses.MISSING, *, kind: str, **checks) -> Any:
   metadata = {"kind": kind, **checks}
   if kind == "mapping":  # dicts: built per instance, left out of the hash
     return dataclasses.field(default_factory=dict, hash=False, metadata=metadata)
+  if kind == "engine":  # every field of the engine's config, as a dict
+    return dataclasses.field(default_factory=lambda: EngineConfig().to_dict(), hash=False,
+                             metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -90,6 +86,8 @@ def _normalise(name: str, value: Any, kind: str) -> Any:
   if kind == "mapping":
     check_type(name, value, Mapping, what="a mapping")
     return {_normalise(f"{name} key", k, "str"): _freeze(v) for k, v in value.items()}
+  if kind == "engine":
+    return engine_config(value, name).to_dict()
   raise AssertionError(kind)
 
 
@@ -150,12 +148,10 @@ class Recipe:
     grow_batch: adaptive mode only: `batch_size` is the largest batch, and the
       run starts at the baseline's and climbs a ladder of doublings as the
       measured noise scale grows (`dateopt.date.adaptive`'s `batch_sizes`).
-    step_price: grow_batch only: the price of a step, in examples of the
-      largest batch, in the rule "from rung B to B' once
-      B · B' ≤ step_price · B_max · B_noise" (`dateopt.date._progress.wants_next_rung`).
-    noise_batch_exponent: grow_batch only: α, the noise scale read at rung
-      B is credited × (B_max/B)^α for the gain and the climb
-      (`dateopt.date._progress.credited_noise`); 0 reads it as measured.
+    engine: adaptive mode only: the engine's knobs, every field of an
+      `EngineConfig` as a dict (an `EngineConfig` or a partial mapping is
+      completed with the defaults): its horizon, warm-in, loss bands, gain rise,
+      early rungs, and a growing batch's step price and noise credit.
     noise_of: what the noise scale is measured on (and, in adaptive mode,
       the gain and the batch's growth with it): "gradient"; "lars_step"
       (lars only): each leaf's gradient times its trust ratio, the gradient
@@ -217,8 +213,7 @@ class Recipe:
   base_batch_size: int | None = _spec(None, kind="optional_int", low=1)
   gain_rule: str = _spec("linear", kind="str", choices=GAIN_RULES)
   grow_batch: bool = _spec(False, kind="bool")
-  step_price: float = _spec(STEP_PRICE, kind="float", low=0.0, low_inclusive=False)
-  noise_batch_exponent: float = _spec(NOISE_BATCH_EXPONENT, kind="float", low=0.0, high=1.0)
+  engine: Mapping[str, Any] = _spec(kind="engine")
   noise_of: str = _spec("auto", kind="str", choices=NOISE_OF)
   batch_schedule: str = _spec("none", kind="str", choices=("none",) + BATCH_SCHEDULES)
   batch_schedule_options: Mapping[str, Any] = _spec(kind="mapping")
@@ -345,6 +340,11 @@ class Recipe:
     return self.base_batch_size is not None
 
   @property
+  def engine_config(self) -> EngineConfig:
+    """`engine` as the `EngineConfig` that `build` gives `adaptive`."""
+    return EngineConfig(**self.engine)
+
+  @property
   def scheduled(self) -> bool:
     """Whether the batch follows one of the field's fixed schedules (`batch_schedule`)."""
     return self.batch_schedule != "none"
@@ -396,8 +396,6 @@ class Recipe:
       used |= {"base_batch_size", "batch_schedule", "batch_schedule_options"}
     elif self.adaptive:
       used |= set(_ADAPTIVE_FIELDS)
-    if self.grow_batch:
-      used |= {"step_price", "noise_batch_exponent"}
     if self.measured_noise_of != "gradient":
       used.add("noise_of")
     return tuple(f.name for f in dataclasses.fields(self) if f.name in used)
@@ -438,11 +436,16 @@ class Recipe:
 
 
 def _without_retired_fields(values: Mapping[str, Any]) -> Mapping[str, Any]:
-  """`values` less `drop_remainder: True`, which recipes saved before its removal hold.
+  """`values` less `drop_remainder: True`, which recipes saved before its removal hold, and
+  with `step_price` and `noise_batch_exponent`, fields of their own before, in `engine`.
 
   Every epoch drops its last partial batch: the trainer's batches have one
   shape per compiled step, so keeping a smaller last batch was never run.
   """
+  moved = {key: values[key] for key in _ENGINE_FIELDS_BEFORE if key in values}
+  if moved:
+    values = {key: value for key, value in values.items() if key not in moved}
+    values["engine"] = {**values.get("engine", {}), **moved}
   if "drop_remainder" not in values:
     return values
   if values["drop_remainder"] is not True:
@@ -450,6 +453,9 @@ def _without_retired_fields(values: Mapping[str, Any]) -> Mapping[str, Any]:
                      "epoch drops its last partial batch (a jitted step has one batch shape), "
                      "so the field was removed from Recipe.")
   return {key: value for key, value in values.items() if key != "drop_remainder"}
+
+
+_ENGINE_FIELDS_BEFORE = ("step_price", "noise_batch_exponent")
 
 
 def _copy(value: Any) -> Any:

@@ -86,9 +86,6 @@ def parse_args(argv=None):
                       help="no training: tables and plots from the finished runs")
   parser.add_argument("--figures", default=None, help="also copy the PNGs to this folder")
   parser.add_argument("--no-progress", action="store_true")
-  parser.add_argument("--signal-decay", type=float, default=None,
-                      help="every run's config.signal_decay: the |G|^2 EMA's decay per step "
-                           "(default: the configs'); use a fresh --outdir")
   parser.add_argument("--adam-scaling", default=None,
                       help="every plan's adam_scaling (date.plan's adam_scaling: b2, eps, "
                            "weight_decay, comma-separated); use a fresh --outdir")
@@ -123,9 +120,6 @@ def workload_configs(args):
   if unknown:
     raise SystemExit(f"--workload: unknown {unknown}; known: {sorted(paths)}")
   configs = {name: configs_lib.load(paths[name]) for name in names}
-  if args.signal_decay is not None:
-    for config in configs.values():
-      config.signal_decay = args.signal_decay
   if args.adam_scaling:
     for config in configs.values():
       config.plan = dict(config.plan.to_dict(),

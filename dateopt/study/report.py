@@ -292,7 +292,7 @@ def read_as_largest(metric_rows: Sequence[Mapping[str, Any]], recipe: date.Recip
     value = row.get("train/date/noise_scale")
     if value is not None and "train/batch_size" in row:
       credit = progress_lib.batch_credit(float(row["train/batch_size"]), recipe.batch_size,
-                                 recipe.noise_batch_exponent)
+                                 recipe.engine["noise_batch_exponent"])
       row = dict(row, **{"train/date/noise_scale": float(value) * credit})
     out.append(row)
   return out

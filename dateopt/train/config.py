@@ -64,14 +64,13 @@ def default_config() -> ml_collections.ConfigDict:
   c.statistics = True
   c.grad_groups = 8  # gradient groups for the noise scale (0: off); fixed, not per device.
   c.measure_every_steps = 1  # measure the noise scale on 1 step in N (the others: a plain gradient).
-  # The |G|² EMA's decay per step: the engine's `date._noise.SIGNAL_DECAY` (this module stays free of
-  # JAX); 0.99, the tr Σ EMA's, gives both one horizon. `date._noise.update_noise_scale`.
-  c.signal_decay = 0.97
   c.guard = True
   c.guard_kwargs = ml_collections.ConfigDict()
-  # Adaptive runs: diverged steps in all before the run stops with status 1 (0: no watch,
-  # so no hold, LR cut or stop of a diverged run; see dateopt.date._divergence).
-  c.divergence_patience = 100
+  # Adaptive runs: DATE's divergence watch holds a diverged run, cuts its LR and stops it with
+  # status 1 after the engine's horizon of stalled steps (False: no watch, so no hold, LR cut
+  # or stop; see dateopt.date._divergence). The engine's knobs are the recipe's `engine`
+  # (`config.plan.engine = {"horizon": 200}`, fields of `date.EngineConfig`).
+  c.divergence_watch = True
   # Adaptive runs: DATE's engine rules switched off, comma-separated names of
   # `dateopt.date._progress.ENGINE_RULES` (an ablation: what each rule buys); "": every rule on.
   c.engine_rules_off = ""
@@ -151,8 +150,6 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
     "checkpoint_every_steps": (-1, {-1: "never", 0: "only at the end (and when stopped)"}),
     "keep_checkpoints": (1, {}),  # orbax reads 0 as "keep none": each deleted once written
     "measure_every_steps": (1, {}),
-    "divergence_patience": (0, {0: "no divergence watch: a diverged run is neither held "
-                                   "nor stopped"}),
 }
 
 
@@ -160,7 +157,7 @@ LOOP_FIELDS: dict[str, tuple[int, dict[int, str]]] = {
 # the seed (data order, dropout), the model, and what shapes or steers the optimizer's state.
 # `recipe.json` records them; a resume that changes one is refused, naming it.
 RESUME_FIELDS = ("seed", "model", "model_kwargs", "guard", "guard_kwargs", "statistics",
-                 "grad_groups", "measure_every_steps", "signal_decay", "divergence_patience",
+                 "grad_groups", "measure_every_steps", "divergence_watch",
                  "engine_rules_off")
 
 

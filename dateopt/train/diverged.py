@@ -2,7 +2,7 @@
 
 DATE's engine judges every step (`dateopt.date._divergence`): while it calls
 the run diverged it holds the progress and cuts the LR, and after
-`config.divergence_patience` diverged steps in all it gives up. The trainer
+the engine's horizon of stalled steps in all (`date.EngineConfig`) it gives up. The trainer
 then saves nothing more (the newest checkpoint is the last healthy state) and
 stops with `DivergedError`, which `dateopt-train` prints as one line and
 status 1. A run is never reported finished while its engine has given up.
@@ -21,7 +21,6 @@ from typing import Any, Mapping
 import optax
 
 from dateopt import date
-from dateopt.date import _divergence as divergence
 from dateopt.train import parallel
 
 
@@ -47,10 +46,13 @@ class EngineHealth:
   gain: float
   lr_scale: float
   losses_seen: int = 0  # the losses the watch has read: the run's steps, resumes included
+  config: date.EngineConfig = dataclasses.field(default_factory=date.EngineConfig)  # its bands
 
   @classmethod
-  def read(cls, opt_state: Any) -> "EngineHealth | None":
-    """The health of the `date.adaptive` engine in `opt_state`; None without one."""
+  def read(cls, opt_state: Any, config: date.EngineConfig | None = None
+           ) -> "EngineHealth | None":
+    """The health of the `date.adaptive` engine in `opt_state` (run with `config`, None: the
+    defaults); None without one."""
     engine = optax.tree.get(opt_state, date.AdaptiveState.__name__)
     if engine is None:
       return None
@@ -58,14 +60,14 @@ class EngineHealth:
     return cls(bool(w.diverged_steps > 0), bool(w.gave_up), int(w.diverged_at),
                int(w.diverged_total), int(w.stalled_total), int(w.gradient_jumps), float(w.ema),
                float(min(w.first, w.initial)), float(w.best), float(gain), float(w.lr_scale),
-               int(w.count))
+               int(w.count), config or date.EngineConfig())
 
   @property
   def never_learnt(self) -> bool:
-    """Diverged by the no-learning rule: the loss never fell below STALL_DROP of its start,
+    """Diverged by the no-learning rule: the loss never fell below `stall_drop` of its start,
     and never blew up. Shuffled labels or a long plateau, not a too-high LR."""
-    return (self.diverged_at >= 0 and self.best_loss > divergence.STALL_DROP * self.first_loss
-            and self.loss < divergence.BLOW_UP * self.first_loss)
+    return (self.diverged_at >= 0 and self.best_loss > self.config.stall_drop * self.first_loss
+            and self.loss < self.config.blow_up * self.first_loss)
 
   def last_healthy(self, saved_steps) -> int | None:
     """The newest of `saved_steps` taken before the divergence began (None: none was).
@@ -108,14 +110,14 @@ class EngineHealth:
 
 
   def _never_learnt_message(self, kept: str) -> str:
-    share = round(100 * (1 - divergence.STALL_DROP))
+    share = round(100 * (1 - self.config.stall_drop))
     return (f"stopped: the adaptive run has not learnt: in {self.losses_seen} steps its smoothed "
             f"loss never fell {share}% below its start ({self.first_loss:.4g} at the start, "
             f"{self.best_loss:.4g} at its best, {self.loss:.4g} now). {kept} A loss that does "
             f"not move points at the data (labels that do not match the inputs, a wrong or "
             f"shuffled split) or a plateau longer than a quarter of the baseline's steps, not "
             f"at the LR. Check the data; for a known long plateau, "
-            f"--config.divergence_patience=0 lets the run go on unwatched.")
+            f"--config.divergence_watch=False lets the run go on unwatched.")
 
 
 def learning_rate_of(metrics: Mapping[str, Any]) -> float | None:

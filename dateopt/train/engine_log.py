@@ -33,6 +33,7 @@ import numpy as np
 from dateopt import metrics_io
 from dateopt.date import _builder as builder_lib
 from dateopt.date import _progress as progress_lib
+from dateopt.date._engine_config import EngineConfig
 from dateopt.train import metrics as metrics_lib
 from dateopt.train import parallel, recipe_record, workdirs
 
@@ -129,12 +130,40 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
                             f"settings were recorded): nothing to replay.")
   rows = _engine_rows(root)
   _check_rows(rows, root / ENGINE_FILE)
-  schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
-  settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
+  schedule, settings = _recorded_engine(stored)
   replayed = progress_lib.replay(rows, schedule, **settings)
   first = next(((int(row["step"]), diff) for row, again in zip(rows, replayed)
                 if (diff := _differences(row, again))), None)
   return ReplayReport(len(rows), first is None, first, replayed)
+
+
+def _recorded_engine(stored: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+  """The baseline's schedule and `adaptive`'s settings a `recipe.json` records.
+
+  A record from before `date.EngineConfig` held the EMA decays and the patience as
+  settings of their own; the config they came from is read back from them.
+  """
+  schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
+  settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
+  if "noise_decay" in settings:
+    settings = _settings_before_the_config(settings)
+  return schedule, settings
+
+
+def _settings_before_the_config(settings: Mapping[str, Any]) -> dict[str, Any]:
+  """Old settings (`noise_decay` 1 − 1/h, `signal_decay` 1 − 3/h, `divergence_patience` h or
+  None, `step_price`, `noise_batch_exponent`, one measurement a step) as `config` and `watch`;
+  settings no `EngineConfig` gives raise ValueError naming them."""
+  old = dict(settings)
+  horizon = round(1 / (1 - old.pop("noise_decay")))
+  config = EngineConfig(horizon=horizon, step_price=old.pop("step_price"),
+                             noise_batch_exponent=old.pop("noise_batch_exponent"))
+  signal_decay, patience = old.pop("signal_decay"), old.pop("divergence_patience")
+  if signal_decay != config.signal_decay or patience not in (None, config.patience):
+    raise ValueError(f"recorded signal_decay={signal_decay} and divergence_patience={patience} "
+                     f"are no EngineConfig's (horizon {horizon}: {config.signal_decay:g} and "
+                     f"{config.patience}): this engine cannot replay the run.")
+  return dict(old, config=config.to_dict(), watch=patience is not None)
 
 
 #: What a replay with a rule off is compared on: a rule acts where one of these first differs.
@@ -175,9 +204,7 @@ def rules_that_act(workdir: str | os.PathLike,
     step, differing = report.first_mismatch
     raise ValueError(f"{root}: the run's own replay differs at step {step} ({differing}): "
                      f"this engine is not the one that ran it, so no rule can be judged on it.")
-  stored = json.loads((root / recipe_record.RECIPE_FILE).read_text())
-  schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
-  settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
+  schedule, settings = _recorded_engine(json.loads((root / recipe_record.RECIPE_FILE).read_text()))
   return first_actions(_engine_rows(root), schedule, rules, as_run=report.replayed,
                        **settings)
 

@@ -31,10 +31,9 @@ from dateopt.train import parallel, polish, profiling, rungs
 from dateopt.train import config as config_lib
 from dateopt.train.cadence import Cadence
 from dateopt.train.layout import BatchLayout
-from dateopt.validation import check_range
+from dateopt.validation import check_type
 from dateopt.date import _batch_schedules as batch_schedules_lib
 from dateopt.date import _builder as builder_lib
-from dateopt.date import _noise as noise_lib
 
 
 @dataclasses.dataclass
@@ -303,16 +302,11 @@ def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def engine_settings(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The engine's settings that come from the run's config, not its recipe, checked: what
-  `date.build` takes besides the recipe (`noise_decay`, `signal_decay`,
-  `divergence_patience`, `rules_off`)."""
-  # The noise EMAs keep their horizons in steps however often the noise is measured.
-  check_range("config.signal_decay", config.signal_decay, low=0.0, high=1.0,
-              high_inclusive=False, allow_none=False)
-  check_range("config.divergence_patience", config.divergence_patience, low=0)
-  return {"noise_decay": noise_lib.NOISE_DECAY ** config.measure_every_steps,
-          "signal_decay": config.signal_decay ** config.measure_every_steps,
-          "divergence_patience": config.divergence_patience or None,
+  """The engine's settings that come from the run's config, not its recipe (whose `engine`
+  holds the knobs), checked: what `date.build` takes besides the recipe
+  (`measure_every_steps`, `watch`, `rules_off`)."""
+  check_type("config.divergence_watch", config.divergence_watch, bool, what="True or False")
+  return {"measure_every_steps": config.measure_every_steps, "watch": config.divergence_watch,
           "rules_off": engine_rules_off(config)}
 
 
@@ -326,7 +320,6 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
   (`Experiment.batch_schedule`).
   """
   settings = engine_settings(config)
-  noise_decay, signal_decay = settings["noise_decay"], settings["signal_decay"]
   if settings["rules_off"] and not (recipe.adaptive and not recipe.scheduled):
     raise ValueError(f"config.engine_rules_off={config.engine_rules_off!r} switches off rules "
                      f"of DATE's adaptive engine, but this run's strategy "
@@ -335,7 +328,8 @@ def build_optimizer(config: ml_collections.ConfigDict, recipe: date.Recipe,
                             **settings)
   # The adaptive engine keeps its own EMAs; the others measure only to log the noise.
   if (not recipe.adaptive or recipe.scheduled) and gradient_groups(config) > 1:
-    tx = date.measure_noise_scale(tx, noise_decay=noise_decay, signal_decay=signal_decay)
+    tx = date.measure_noise_scale(tx, config=recipe.engine_config,
+                                  measure_every_steps=config.measure_every_steps)
   if config.guard:
     try:
       tx = date.divergence_guard(tx, **config_lib.to_dict(config.guard_kwargs))

@@ -237,7 +237,8 @@ class TrainLoop:
     if tick.logs or tick.evaluates or saves or self.watch.due:
       with self.clock.paused(self.state):
         self.watch.check(int(parallel.to_host(self.state.step)))
-        healthy = _engine_healthy(self.state, self.metrics, self.checkpointer)  # raises if it gave up
+        healthy = _engine_healthy(self.state, self.metrics, self.checkpointer,  # raises if it gave up
+                                  config=self.exp.recipe.engine_config)
         saves = saves and healthy
     if not (tick.evaluates or saves):
       return
@@ -275,7 +276,8 @@ class TrainLoop:
     jax.block_until_ready(self.state)
     self.progress.close()
     self.watch.finish()  # never "finished" at the guard's LR floor
-    _engine_healthy(self.state, self.metrics, self.checkpointer, at_end=True)  # nor diverged
+    _engine_healthy(self.state, self.metrics, self.checkpointer, at_end=True,  # nor diverged
+                    config=self.exp.recipe.engine_config)
     steps_taken = int(parallel.to_host(self.state.step))
     if self.evaluated_at is None or steps_taken > self.evaluated_at:
       self.eval_metrics = self.evaluate()
@@ -377,14 +379,14 @@ def _final_epochs_due(exp: Experiment, steps_taken: int, progress: float | None)
 
 
 def _engine_healthy(state: TrainState, metrics, checkpointer: Checkpointer | None,
-                    at_end: bool = False) -> bool:
+                    at_end: bool = False, *, config: date.EngineConfig) -> bool:
   """False while an adaptive engine calls the run diverged (no checkpoint then).
 
   Raises:
     DivergedError: the engine gave up, or the run ended diverged (`at_end`);
       the newest checkpoint is the last healthy one.
   """
-  health = EngineHealth.read(state.opt_state)
+  health = EngineHealth.read(state.opt_state, config)
   if health is None:
     return True
   health.raise_if_gave_up(learning_rate_of(metrics),

@@ -27,14 +27,15 @@ from dateopt.train import metrics, workdirs
 RECIPE_FILE = "recipe.json"
 # Not part of what is trained: `plan`'s explanation of each value.
 _IGNORED_FIELDS = frozenset({"rationale"})
-# Fields added since runs were recorded, with the value those runs trained with. A stored
-# recipe that lacks one, and whose run uses it, ran with that value: a resume under a newer
-# default would change the run halfway (a grown run's credit, `dateopt.date._progress.credited_noise`).
+# Engine knobs added since runs were recorded, with the value those runs trained with. A
+# stored recipe that lacks one, and whose run uses it, ran with that value: a resume under a
+# newer default would change the run halfway (a grown run's credit,
+# `dateopt.date._progress.credited_noise`). Recipes recorded before `Recipe.engine` held the
+# knobs `step_price` and `noise_batch_exponent` as fields of their own.
 VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
-# The same for the run fields (`config.RESUME_FIELDS`). Before 2026-11-29's default of 0.97
-# both noise EMAs had one decay, which 0.99 gives bit for bit; records written before then
-# hold it as null. Before `engine_rules_off` every rule was on.
-RUN_VALUE_BEFORE_THE_FIELD = {"signal_decay": 0.99, "engine_rules_off": ""}
+# The same for the run fields (`config.RESUME_FIELDS`): before `engine_rules_off` every rule
+# was on, and before `divergence_watch` every adaptive run was watched.
+RUN_VALUE_BEFORE_THE_FIELD = {"engine_rules_off": "", "divergence_watch": True}
 
 
 class RecipeChangedError(ValueError):
@@ -144,18 +145,32 @@ def stored_recipe(planned: Mapping[str, Any]) -> date.Recipe:
 
   Example:
     >>> stored_recipe({"batch_size": 64, "num_examples": 640, "num_epochs": 1,
-    ...                "learning_rate": 0.1}).noise_batch_exponent
+    ...                "learning_rate": 0.1}).engine["noise_batch_exponent"]
     0.0
   """
-  return date.Recipe.from_dict({**VALUE_BEFORE_THE_FIELD, **planned})
+  return date.Recipe.from_dict({**_knobs_before_the_engine(planned, grows=True), **planned})
+
+
+def _knobs_before_the_engine(stored: Mapping[str, Any], *, grows: bool) -> dict[str, Any]:
+  """The `VALUE_BEFORE_THE_FIELD` of each engine knob a record without `engine` lacks (only
+  where the run `grows` its batch, the knobs' only reader then)."""
+  if "engine" in stored or not grows:
+    return {}
+  return {name: value for name, value in VALUE_BEFORE_THE_FIELD.items() if name not in stored}
 
 
 def _with_values_before_the_fields(stored: Mapping[str, Any], recipe: date.Recipe
                                    ) -> dict[str, Any]:
-  """`stored`, with the `VALUE_BEFORE_THE_FIELD` of each field it lacks that `recipe` uses."""
-  used = recipe.used_fields()
-  return {**{name: value for name, value in VALUE_BEFORE_THE_FIELD.items() if name in used},
-          **stored}
+  """`stored` as `recipe.json` holds it today: the knobs of a record without `engine` in it
+  (each it lacks at its `VALUE_BEFORE_THE_FIELD`), the rest of the record as it is."""
+  if "engine" in stored or not recipe.adaptive:
+    return dict(stored)
+  knobs = {**recipe.engine, **_knobs_before_the_engine(stored, grows=recipe.grow_batch),
+           **{name: stored[name] for name in VALUE_BEFORE_THE_FIELD if name in stored},
+           **({"step_price": stored["step_price"]} if "step_price" in stored else {})}
+  rest = {name: value for name, value in stored.items()
+          if name not in ("step_price", *VALUE_BEFORE_THE_FIELD)}
+  return {**rest, "engine": _as_json(knobs)}
 
 
 def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = False) -> None:

@@ -95,7 +95,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, *,
       or the guard skipped `nonfinite.MAX_SKIPPED_IN_A_ROW` steps in a row;
       nothing after the step was checkpointed.
     DivergedError: the adaptive engine judged the run diverged for
-      `config.divergence_patience` steps in a row; nothing was checkpointed
+      its horizon of stalled steps (`date.EngineConfig`); nothing was checkpointed
       while it was diverged.
   """
   with preemption.StopRequests() as stops:
