@@ -108,11 +108,15 @@ class EngineLog:
 @dataclasses.dataclass(frozen=True)
 class ReplayReport:
   """`replay_run`'s answer: the steps replayed, whether every decision came out the same,
-  and where the first did not (`(step, {decision: (recorded, replayed)})`)."""
+  and where the first did not (`(step, {decision: (recorded, replayed)})`); the readings,
+  schedule and settings it replayed (what a replay with a rule off needs)."""
   steps: int
   exact: bool
   first_mismatch: tuple[int, dict[str, tuple[Any, Any]]] | None
   replayed: list[dict[str, Any]]
+  rows: list[dict[str, Any]]
+  schedule: Any
+  settings: dict[str, Any]
 
 
 def replay_run(workdir: str | os.PathLike) -> ReplayReport:
@@ -134,7 +138,7 @@ def replay_run(workdir: str | os.PathLike) -> ReplayReport:
   replayed = progress_lib.replay(rows, schedule, **settings)
   first = next(((int(row["step"]), diff) for row, again in zip(rows, replayed)
                 if (diff := _differences(row, again))), None)
-  return ReplayReport(len(rows), first is None, first, replayed)
+  return ReplayReport(len(rows), first is None, first, replayed, rows, schedule, settings)
 
 
 def _recorded_engine(stored: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -204,9 +208,8 @@ def rules_that_act(workdir: str | os.PathLike,
     step, differing = report.first_mismatch
     raise ValueError(f"{root}: the run's own replay differs at step {step} ({differing}): "
                      f"this engine is not the one that ran it, so no rule can be judged on it.")
-  schedule, settings = _recorded_engine(json.loads((root / recipe_record.RECIPE_FILE).read_text()))
-  return first_actions(_engine_rows(root), schedule, rules, as_run=report.replayed,
-                       **settings)
+  return first_actions(report.rows, report.schedule, rules, as_run=report.replayed,
+                       **report.settings)
 
 
 def first_actions(observations: Sequence[Mapping[str, Any]], base_schedule, rules: Sequence[str],
