@@ -88,3 +88,35 @@ def test_the_config_steers_the_engine_s_noise_emas():
     for sq in readings:
       _, state = tx.update(params, state, params, grad_sq_norms=sq)
     assert [float(x) for x in state.noise] == pytest.approx([float(x) for x in expected])
+
+
+def test_a_record_from_before_the_config_replays_with_the_config_it_implies():
+  from dateopt.train import engine_log
+  old = dict(base_batch_size=32, batch_size=512, base_steps=100, warmup_steps=0,
+             gain_rule="linear", batch_sizes=None, noise_decay=0.99 ** 2, signal_decay=None,
+             step_price=1.0, noise_batch_exponent=0.2, divergence_patience=None, rules_off=[])
+  settings = engine_log._settings_before_the_config(old, 2)  # measured one step in two
+  assert date.EngineConfig(**settings["config"]) == date.EngineConfig()
+  assert settings["measure_every_steps"] == 2 and settings["watch"] is False
+  assert settings["rules_off"] == ("signal_horizon",)  # one horizon for both EMAs
+  with pytest.raises(ValueError, match="cannot replay"):
+    engine_log._settings_before_the_config(dict(old, signal_decay=0.5), 2)
+
+
+def test_an_old_record_resumes_only_under_the_knobs_and_watch_it_ran_with(tmp_path):
+  """A recipe.json from before `Recipe.engine` ran with every knob at today's default (its
+  growth knobs as fields of their own), and `divergence_patience` 0 was an unwatched run."""
+  grown = date.plan(BASE, 256, "adaptive", grow_batch=True)
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  stored = recipe_record.as_stored(grown)
+  stored.update(stored.pop("engine"))  # step_price and noise_batch_exponent as fields
+  stored = {k: v for k, v in stored.items() if k not in date.EngineConfig().to_dict()
+            or k in ("step_price", "noise_batch_exponent")}
+  run = {"divergence_patience": 0}
+  (tmp_path / "recipe.json").write_text(json.dumps({"planned": stored, "run": run}))
+  recipe_record.check_unchanged(str(tmp_path), grown, {"divergence_watch": False})
+  with pytest.raises(recipe_record.RecipeChangedError, match='"horizon": 100'):
+    recipe_record.check_unchanged(str(tmp_path), grown.replace(engine={"horizon": 200}),
+                                  {"divergence_watch": False})
+  with pytest.raises(recipe_record.RecipeChangedError, match="divergence_watch"):
+    recipe_record.check_unchanged(str(tmp_path), grown, {"divergence_watch": True})

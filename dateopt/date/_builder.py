@@ -202,7 +202,7 @@ _TRUST_RATIO_KEYWORDS = ("weight_decay", "trust_coefficient", "eps", "mode", "ma
 def noise_leaf_scales(recipe: Recipe, params: Any, opt_state: Any = None
                       ) -> Callable[[Any], Any] | None:
   """What the recipe measures its noise scale through (`Recipe.noise_of`), for
-  `combine_group_grads` / `cross_replica_sq_norms`'s `leaf_scales=`.
+  `grouped_value_and_grad` / `cross_replica_sq_norms`'s `leaf_scales=`.
 
   None when it measures the gradient (`Recipe.measured_noise_of`). For
   "lars_step" (and "auto" on plain LARS), `fn(mean_grads)`: each leaf's LARS

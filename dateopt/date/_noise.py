@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -350,7 +350,7 @@ def clip_readings(state: NoiseScaleState, grad_sq: jax.Array, trace: jax.Array, 
   """
   grad_sq_now, trace_now = map(jnp.abs, corrected_estimates(state, decay))
   spread = grad_sq_now + trace_now / jnp.asarray(big_batch_size, jnp.float32)
-  settled = state.count >= clip_after
+  settled = state.count >= max(clip_after, 1)  # EMAs with no reading expect nothing
   return (jnp.where(settled, jnp.clip(grad_sq, -clip * spread, clip * spread), grad_sq),
           jnp.where(settled, jnp.clip(trace, -clip * trace_now, clip * trace_now), trace))
 
@@ -447,7 +447,8 @@ class NoiseMeasurementState(NamedTuple):
 
 
 def measure_noise_scale(
-    inner: optax.GradientTransformation, *, config: EngineConfig | None = None,
+    inner: optax.GradientTransformation, *,
+    config: EngineConfig | Mapping[str, Any] | None = None,
     measure_every_steps: int = 1
 ) -> optax.GradientTransformationExtraArgs:
   """Wraps `inner` and keeps the gradient-noise-scale EMAs in its state.

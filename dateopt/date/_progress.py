@@ -441,8 +441,9 @@ def adaptive(
     measure_every_steps: the loop measures the noise on one step in this many
       (`no_measurement` on the others): the EMAs' horizons stay in steps.
     watch: the divergence watch (`dateopt.date._divergence`): a diverged run is
-      held, its LR cut, and given up after `config.horizon` stalled steps. It
-      needs the loss as `value=`; without it, it never fires.
+      held, its LR cut, and given up after `config.patience` (the horizon) stalled
+      steps and skipped gradient jumps in all. It needs the loss as `value=`;
+      without it, it never fires.
     rung_hyperparams: `fn(k, lr_factor) -> {name: value}`, hyper-parameters of
       `make_optimizer` set at each step from its batch (k = B/B0) and the LR
       factor its gain applied (`dateopt.date._adam_scaling.rung_hyperparams`).

@@ -150,24 +150,36 @@ def _recorded_engine(stored: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
   schedule = builder_lib.build_schedule(recipe_record.stored_recipe(stored["planned"]))
   settings = dict(stored["engine"], rules_off=tuple(stored["engine"]["rules_off"]))
   if "noise_decay" in settings:
-    settings = _settings_before_the_config(settings)
+    every = int((stored.get("run") or {}).get("measure_every_steps", 1))
+    settings = _settings_before_the_config(settings, every)
   return schedule, settings
 
 
-def _settings_before_the_config(settings: Mapping[str, Any]) -> dict[str, Any]:
-  """Old settings (`noise_decay` 1 − 1/h, `signal_decay` 1 − 3/h, `divergence_patience` h or
-  None, `step_price`, `noise_batch_exponent`, one measurement a step) as `config` and `watch`;
-  settings no `EngineConfig` gives raise ValueError naming them."""
+def _settings_before_the_config(settings: Mapping[str, Any], every: int) -> dict[str, Any]:
+  """Old settings as `config`, `measure_every_steps` and `watch`: `noise_decay`
+  (1 − 1/h)^every, `signal_decay` (1 − 3/h)^every, or one horizon (None, or the noise decay:
+  "signal_horizon" off), `divergence_patience` h or None (no watch), `step_price`,
+  `noise_batch_exponent`; settings no `EngineConfig` gives raise ValueError naming them."""
   old = dict(settings)
-  horizon = round(1 / (1 - old.pop("noise_decay")))
+  noise_decay, signal_decay = old.pop("noise_decay"), old.pop("signal_decay")
+  patience = old.pop("divergence_patience")
+  horizon = round(1 / (1 - noise_decay ** (1 / every))) if 0 < noise_decay < 1 else 0
+  if horizon < 3:
+    raise ValueError(f"recorded noise_decay={noise_decay} is no EngineConfig's (a horizon of "
+                     f"at least 3 steps): this engine cannot replay the run.")
   config = EngineConfig(horizon=horizon, step_price=old.pop("step_price"),
-                             noise_batch_exponent=old.pop("noise_batch_exponent"))
-  signal_decay, patience = old.pop("signal_decay"), old.pop("divergence_patience")
-  if signal_decay != config.signal_decay or patience not in (None, config.patience):
-    raise ValueError(f"recorded signal_decay={signal_decay} and divergence_patience={patience} "
-                     f"are no EngineConfig's (horizon {horizon}: {config.signal_decay:g} and "
-                     f"{config.patience}): this engine cannot replay the run.")
-  return dict(old, config=config.to_dict(), watch=patience is not None)
+                        noise_batch_exponent=old.pop("noise_batch_exponent"))
+  decays = config.decays(every)
+  one_horizon = signal_decay is None or signal_decay == noise_decay
+  if noise_decay != decays[0] or not (one_horizon or signal_decay == decays[1]) or (
+      patience not in (None, config.patience)):
+    raise ValueError(f"recorded noise_decay={noise_decay}, signal_decay={signal_decay} and "
+                     f"divergence_patience={patience} are no EngineConfig's (horizon {horizon}: "
+                     f"{decays[0]:g}, {decays[1]:g} and {config.patience}): this engine cannot "
+                     f"replay the run.")
+  rules_off = tuple(old.pop("rules_off")) + (("signal_horizon",) if one_horizon else ())
+  return dict(old, config=config.to_dict(), measure_every_steps=every,
+              watch=patience is not None, rules_off=rules_off)
 
 
 #: What a replay with a rule off is compared on: a rule acts where one of these first differs.

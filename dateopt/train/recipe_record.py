@@ -34,7 +34,7 @@ _IGNORED_FIELDS = frozenset({"rationale"})
 # knobs `step_price` and `noise_batch_exponent` as fields of their own.
 VALUE_BEFORE_THE_FIELD = {"noise_batch_exponent": 0.0}
 # The same for the run fields (`config.RESUME_FIELDS`): before `engine_rules_off` every rule
-# was on, and before `divergence_watch` every adaptive run was watched.
+# was on; before `divergence_watch` a run was watched unless its `divergence_patience` was 0.
 RUN_VALUE_BEFORE_THE_FIELD = {"engine_rules_off": "", "divergence_watch": True}
 
 
@@ -86,6 +86,8 @@ def _stored_run(record: Mapping[str, Any]) -> dict[str, Any]:
   run = record.get("run")
   if not isinstance(run, dict):
     run = {"seed": record["seed"]} if "seed" in record else {}
+  if "divergence_watch" not in run and "divergence_patience" in run:
+    run = dict(run, divergence_watch=bool(run["divergence_patience"]))
   recorded = {name: value for name, value in run.items()
               if value is not None or name not in RUN_VALUE_BEFORE_THE_FIELD}
   return {**RUN_VALUE_BEFORE_THE_FIELD, **recorded}
@@ -165,12 +167,18 @@ def _with_values_before_the_fields(stored: Mapping[str, Any], recipe: date.Recip
   (each it lacks at its `VALUE_BEFORE_THE_FIELD`), the rest of the record as it is."""
   if "engine" in stored or not recipe.adaptive:
     return dict(stored)
-  knobs = {**recipe.engine, **_knobs_before_the_engine(stored, grows=recipe.grow_batch),
-           **{name: stored[name] for name in VALUE_BEFORE_THE_FIELD if name in stored},
-           **({"step_price": stored["step_price"]} if "step_price" in stored else {})}
-  rest = {name: value for name, value in stored.items()
-          if name not in ("step_price", *VALUE_BEFORE_THE_FIELD)}
+  if recipe.grow_batch:  # the knobs it had: its own fields, else their values before them
+    old = {**_knobs_before_the_engine(stored, grows=True),
+           **{name: stored[name] for name in _OLD_KNOBS if name in stored}}
+  else:  # a fixed batch reads neither
+    old = {name: recipe.engine[name] for name in _OLD_KNOBS}
+  # Every other knob had today's default: the engine's constants were those values.
+  knobs = {**date.EngineConfig().to_dict(), **old}
+  rest = {name: value for name, value in stored.items() if name not in _OLD_KNOBS}
   return {**rest, "engine": _as_json(knobs)}
+
+
+_OLD_KNOBS = ("step_price", "noise_batch_exponent")  # `Recipe` fields before `engine`
 
 
 def check_nothing_lost(workdir: str, *, starts_over: bool, overwrite: bool = False) -> None:
