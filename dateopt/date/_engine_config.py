@@ -170,7 +170,7 @@ class EngineConfig:
   @property
   def stall_progress(self) -> float:
     """A run judged for "no learning" has covered a quarter of the schedule (and a horizon)."""
-    return self.relapse / 2
+    return 0.25
 
   @property
   def recovery_steps(self) -> int:

@@ -564,7 +564,8 @@ def plan_predicted_budget(recipe: Recipe, noise_scale: float | Sequence[float], 
 
 def _engine_text(engine: EngineConfig, grow_batch: bool) -> str:
   """Why the engine has its knobs: the defaults, or which fields the plan was given."""
-  changed = {f: v for f, v in engine.to_dict().items() if v != getattr(EngineConfig(), f)}
+  defaults = EngineConfig().to_dict()
+  changed = {f: v for f, v in engine.to_dict().items() if v != defaults[f]}
   if not grow_batch:  # a fixed batch neither climbs nor credits
     changed = {f: v for f, v in changed.items()
                if f not in ("early_rungs", "step_price", "noise_batch_exponent")}
