@@ -28,6 +28,17 @@ def test_the_grid_runs_every_rule_off_on_date_fixed_and_grown_after_every_rule_o
     ablation.ablation_grid(["lstm"], rules=("warmup",))
 
 
+def test_the_grid_can_run_the_grown_cells_alone():
+  keys = [c.key for c in ablation.ablation_grid(
+      ["lm"], rules=("early_climb", "signal_horizon"), seeds=(0,), methods=("adaptive_grow",))]
+  assert keys == ["lm/baseline/1x/seed0", "lm/adaptive_grow/64x/seed0",
+                  "lm/adaptive_grow/64x/off:early_climb/seed0",
+                  "lm/adaptive_grow/64x/off:signal_horizon/seed0"]
+  for wrong in (("legw",), ()):
+    with pytest.raises(ValueError, match="methods: .*allowed: .*adaptive, adaptive_grow"):
+      ablation.ablation_grid(["lm"], rules=("early_climb",), methods=wrong)
+
+
 def test_an_ablation_cell_switches_its_rules_off_and_only_date_takes_one():
   base = configs.load("study_mnist1d_lstm")
   cell = Cell("lstm", "adaptive_grow", 64, 1, "off:early_climb+climb_share")

@@ -61,7 +61,8 @@ def parse_args(argv=None):
   parser.add_argument("--static-seeds", type=int, default=1,
                       help="how many seeds the static rules (and LEGW at DATE's steps) run")
   parser.add_argument("--strategies", default=None,
-                      help="comma-separated subset of the grid's strategies (default: all)")
+                      help="comma-separated subset of the grid's strategies (default: all); "
+                           "with --ablate, of DATE's: adaptive, adaptive_grow")
   parser.add_argument("--rerun", default="",
                       help="comma-separated strategies whose finished runs are dropped and run "
                            "again (after a change to DATE, say)")
@@ -309,9 +310,14 @@ def run_ablation(args, configs, runner: Study) -> str:
                      f"{', '.join(ablation.ENGINE_RULES)}")
   multiple = max(int(k) for k in args.multiples.split(","))
   if not args.report_only:
-    runner.run(ablation.ablation_grid(list(configs), rules=rules, multiple=multiple,
-                                      seeds=tuple(range(max(args.seeds, 1)))),
-               progress=not args.no_progress)
+    methods = (tuple(m for m in args.strategies.split(",") if m) if args.strategies
+               else ablation.DATE_METHODS)
+    try:
+      grid = ablation.ablation_grid(list(configs), rules=rules, multiple=multiple,
+                                    seeds=tuple(range(max(args.seeds, 1))), methods=methods)
+    except ValueError as error:
+      raise SystemExit(f"--ablate with --strategies: {error}") from error
+    runner.run(grid, progress=not args.no_progress)
   rows = [row for row in runner.rows() if row["workload"] in configs]
   text = ablation.ablation_report(ablation.summarize_ablation(rows, multiple)) or (
       f"no ablation runs in {runner.results_path} yet: run --ablate without --report-only")

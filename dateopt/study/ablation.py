@@ -30,19 +30,25 @@ from dateopt.study.compare import DATE_METHODS, quality, quality_bar
 
 
 def ablation_grid(workloads: Sequence[str], *, rules: Sequence[str] = ENGINE_RULES,
-                  multiple: int = 64, seeds: Sequence[int] = (0, 1, 2)) -> list[Cell]:
-  """The cells in run order: baselines, DATE with every rule on, then each rule off."""
+                  multiple: int = 64, seeds: Sequence[int] = (0, 1, 2),
+                  methods: Sequence[str] = DATE_METHODS) -> list[Cell]:
+  """The cells in run order: baselines, DATE with every rule on, then each rule off; on the
+  DATE `methods` given (fixed "adaptive", grown "adaptive_grow", or both)."""
   unknown = sorted(set(rules) - set(ENGINE_RULES))
   if unknown:
     raise ValueError(f"rules: unknown {unknown}; allowed: {', '.join(ENGINE_RULES)}.")
+  wrong = sorted(set(methods) - set(DATE_METHODS))
+  if wrong or not methods:
+    raise ValueError(f"methods: {wrong or 'none'} given; allowed: a non-empty subset of "
+                     f"{', '.join(DATE_METHODS)}.")
   cells = []
   for workload in workloads:
     cells += [Cell(workload, "baseline", 1, seed) for seed in seeds]
     for setting in ("",) + tuple(ABLATION_PREFIX + rule for rule in rules):
-      methods = DATE_METHODS if setting[len(ABLATION_PREFIX):] not in LADDER_RULES else (
-          "adaptive_grow",)
+      ran = [m for m in methods if m == "adaptive_grow"
+             or setting[len(ABLATION_PREFIX):] not in LADDER_RULES]
       cells += [Cell(workload, method, multiple, seed, setting)
-                for method in methods for seed in seeds]
+                for method in ran for seed in seeds]
   return cells
 
 
