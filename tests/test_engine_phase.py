@@ -92,3 +92,31 @@ def test_a_run_without_a_loss_has_no_plateau_or_hold():
 
 def test_the_walks_above_reach_every_phase(healthy, blown_up, finished):
   assert {name for names, _ in (healthy, blown_up, finished) for name in names} == set(PHASES)
+
+
+def test_each_step_does_what_its_phase_s_row_of_the_table_says():
+  """PHASE_RULES read back from a growing run's steps: the gain's bound, the measurement and
+  the climb of each phase the loss put a step in (`loss_phase`, the decision's own)."""
+  ladder = (32, 64, 128, 256, 512)
+  tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
+                     optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
+                     base_steps=10_000, warmup_steps=WARMUP, batch_sizes=ladder)
+  params = {"w": jnp.ones(2)}
+  state, update = tx.init(params), jax.jit(tx.update)
+  seen = {}
+  for loss in [2.3] * 20 + [0.5] * 100 + [1.0] * 6 + [50.0] * 20:
+    before = state
+    _, state = update(params, state, params, value=loss,
+                      grad_sq_norms=_sq_norms(300.0, batch=int(before.batch_size), small=16))
+    name = PHASES[int(progress_lib.loss_phase(state.watch, date.EngineConfig()))]
+    rule = progress_lib.PHASE_RULES[name]
+    seen[name] = seen.get(name, 0) + 1
+    measured = state.noise.count > before.noise.count
+    assert bool(measured) == rule.measures, (name, loss)
+    gain, batch = float(state.gain), int(before.batch_size)
+    bound = {"none": float("inf"), "root_batch": (batch / 32) ** 0.5,
+             "no_rise": float(before.gain), "one": 1.0}[rule.gain]
+    assert gain <= bound * (1 + 1e-6), (name, gain, bound)
+    if rule.climb == "stay":
+      assert int(state.batch_size) == batch, name
+  assert set(seen) == set(progress_lib.PHASE_RULES), seen

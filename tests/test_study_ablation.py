@@ -23,7 +23,7 @@ def test_the_grid_runs_every_rule_off_on_date_fixed_and_grown_after_every_rule_o
   keys = [c.key for c in grid]
   assert keys[3:9] == [f"lstm/{m}/64x/seed{s}" for m in ("adaptive", "adaptive_grow")
                        for s in range(3)]  # the comparison's own DATE cells: shared
-  assert "lstm/adaptive_grow/64x/off:climb_share/seed2" in keys
+  assert "lstm/adaptive_grow/64x/off:rising_hold/seed2" in keys
   with pytest.raises(ValueError, match="rules: unknown.*warmup"):
     ablation.ablation_grid(["lstm"], rules=("warmup",))
 
@@ -41,9 +41,9 @@ def test_the_grid_can_run_the_grown_cells_alone():
 
 def test_an_ablation_cell_switches_its_rules_off_and_only_date_takes_one():
   base = configs.load("study_mnist1d_lstm")
-  cell = Cell("lstm", "adaptive_grow", 64, 1, "off:early_climb+climb_share")
+  cell = Cell("lstm", "adaptive_grow", 64, 1, "off:early_climb+rising_hold")
   config = cell_config(base, cell, num_train_examples=60_000)
-  assert config.engine_rules_off == "early_climb,climb_share" and config.plan.grow_batch
+  assert config.engine_rules_off == "early_climb,rising_hold" and config.plan.grow_batch
   on = cell_config(base, Cell("lstm", "adaptive", 64, 1), num_train_examples=60_000)
   assert on.engine_rules_off == ""
   with pytest.raises(ValueError, match="takes no setting"):

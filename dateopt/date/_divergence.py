@@ -20,8 +20,7 @@ A loss on its way up: once the run has learnt (best ≤ (1 − 2·hold_share) ·
 `has_learnt`) and `fast` has given back `hold_share` of it (`loss_rising`),
 `adaptive` takes no noise measurement, walks at gain 1 (the baseline's pace)
 and does not grow the batch. A growing batch also waits until the run
-`has_learnt`, and climbs only while `fast` is within `climb_share` of its
-gains above `best` (`may_grow_batch`).
+`has_learnt` to climb past its early rungs.
 
 A step is diverged when, w losses in, one of these holds::
 
@@ -65,7 +64,7 @@ import jax.numpy as jnp
 import optax
 
 from dateopt.date._engine_config import EngineConfig
-from dateopt.date._guard import running_weight
+from dateopt.date._guard import LossMoments, init_loss_moments, track_loss
 from dateopt.date._noise import corrected_estimates
 
 #: The watch's ways into a diverged phase, each of which `update_watch(rules_off=...)` can
@@ -78,11 +77,12 @@ class DivergenceWatchState(NamedTuple):
   """The watch's part of `AdaptiveState`.
 
   Attributes:
-    count: losses seen.
+    loss: the running moments of the (capped) loss at `EngineConfig.loss_decay`
+      (`dateopt.date._guard.track_loss`, the divergence guard's tracker): `count`,
+      the losses seen, and `ema`, their mean, read it.
+    fast_loss: the same at `EngineConfig.fast_decay`; `fast`, its mean, for `loss_rising`.
     initial: the first finite loss (the initial parameters').
     first: the mean of the first `warm_in` losses, each capped at 2 × `initial`.
-    ema: exponential mean of the loss.
-    fast: a faster one (`EngineConfig.fast_decay`), for `loss_rising`.
     best: lowest `ema` once `first` is known.
     diverged_steps: diverged steps in a row (0: healthy).
     diverged_total: diverged steps in all.
@@ -101,11 +101,10 @@ class DivergenceWatchState(NamedTuple):
     gave_up: the run stayed diverged for `patience` steps; updates are zero.
   """
 
-  count: jax.Array
+  loss: LossMoments
+  fast_loss: LossMoments
   initial: jax.Array
   first: jax.Array
-  ema: jax.Array
-  fast: jax.Array
   best: jax.Array
   diverged_steps: jax.Array
   diverged_total: jax.Array
@@ -119,10 +118,25 @@ class DivergenceWatchState(NamedTuple):
   lr_scale: jax.Array
   gave_up: jax.Array
 
+  @property
+  def count(self) -> jax.Array:
+    """The losses seen."""
+    return self.loss.count
+
+  @property
+  def ema(self) -> jax.Array:
+    """The running mean of the loss (a 2w-step span)."""
+    return self.loss.mean
+
+  @property
+  def fast(self) -> jax.Array:
+    """The faster running mean of the loss (a w/2-step span)."""
+    return self.fast_loss.mean
+
 
 def init_watch() -> DivergenceWatchState:
   zero_f, zero_i = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
-  return DivergenceWatchState(zero_i, zero_f, zero_f, zero_f, zero_f,
+  return DivergenceWatchState(init_loss_moments(), init_loss_moments(), zero_f, zero_f,
                               jnp.full((), jnp.inf, jnp.float32),
                               zero_i, zero_i, zero_i, zero_f,
                               jnp.full((), -1, jnp.int32), zero_i, zero_i,
@@ -167,7 +181,6 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   loss = jnp.asarray(loss, jnp.float32)
   finite = jnp.isfinite(loss)
   count = state.count + finite.astype(jnp.int32)
-  weight = running_weight(count, config.loss_decay)
   keep = lambda new, old: jnp.where(finite, new, old)
   initial = jnp.where(finite & (state.count == 0), loss, state.initial)
   opening = jnp.minimum(loss, config.blow_up * initial)  # one of the first losses, capped
@@ -176,9 +189,9 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   # Then one wild batch moves the mean by at most (1 − loss_decay) · 2 · blow_up · first.
   capped = jnp.where(state.count >= config.warm_in,
                      jnp.minimum(loss, 2.0 * config.blow_up * state.first), opening)
-  ema = keep(state.ema + weight * (capped - state.ema), state.ema)
-  fast = keep(state.fast + running_weight(count, config.fast_decay) * (capped - state.fast),
-              state.fast)
+  slow_loss = track_loss(state.loss, capped, config.loss_decay, take=finite)
+  fast_loss = track_loss(state.fast_loss, capped, config.fast_decay, take=finite)
+  ema, fast = slow_loss.mean, fast_loss.mean
   best = keep(jnp.where(count >= config.warm_in, jnp.minimum(state.best, ema), state.best),
               state.best)
   start = jnp.minimum(first, initial)  # a run that diverges at once cannot lift it
@@ -199,7 +212,7 @@ def update_watch(state: DivergenceWatchState, loss: jax.Array, *, step: jax.Arra
   diverged_total = state.diverged_total + diverged.astype(jnp.int32)
   stalled_total = state.stalled_total + stalled.astype(jnp.int32)
   return DivergenceWatchState(
-      count, initial, first, ema, fast, best, diverged_steps, diverged_total, stalled_total,
+      slow_loss, fast_loss, initial, first, best, diverged_steps, diverged_total, stalled_total,
       jnp.where(look, fast, state.checked),
       jnp.where(starts & (state.divergences == 0), jnp.asarray(step, jnp.int32),
                 state.diverged_at),
@@ -289,30 +302,6 @@ def has_learnt(state: DivergenceWatchState, config: EngineConfig) -> jax.Array:
     True
   """
   return (state.count >= config.warm_in) & _learnt(_start(state), state.best, config)
-
-
-def may_grow_batch(state: DivergenceWatchState, config: EngineConfig) -> jax.Array:
-  """Whether the loss lets a growing batch climb: the run `has_learnt`, and its w/2-step
-  mean is within `config.climb_share` of its gains above its best.
-
-  A wobble too small to hold the gain (`loss_rising`) still reads as noise, and
-  a rung is never given back (the evidence: docs/results/engine_rules.md, 'The
-  climb share').
-
-    >>> config, watch = EngineConfig(), init_watch()
-    >>> for loss in [2.3] * 10 + [0.5] * 100:
-    ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), config=config)
-    >>> bool(may_grow_batch(watch, config))
-    True
-    >>> for loss in [0.7] * 5:  # its 5-step mean 0.13 above its best: 7% of its gains
-    ...   watch = update_watch(watch, jnp.float32(loss), step=watch.count,
-    ...                        progress_fraction=jnp.float32(0.1), config=config)
-    >>> bool(may_grow_batch(watch, config)), bool(loss_rising(watch, config))
-    (False, False)
-  """
-  gains = _start(state) - state.best
-  return has_learnt(state, config) & (state.fast - state.best <= config.climb_share * gains)
 
 
 def as_optax_state(state: Any) -> Any:

@@ -37,10 +37,10 @@ class EngineConfig:
       engine holds the gain at 1 and stops measuring (a rising loss's gradient is
       the run's own, not noise). A run has learnt once its loss fell 2·hold_share
       below its start; it still has not learnt at all above 1 − hold_share.
-    climb_share: the share of its gains above its best at which a learnt run's
-      batch may still climb and its gain rise (a rung is never given back); a
-      diverged run whose loss falls by climb_share/3 of its start between two looks
-      is recovering.
+    climb_share: the smallest move that counts (c): a noise reading moves an EMA
+      by at most c (it is clipped at 1 + h·c times its expected size), and a
+      diverged run whose loss falls by c/3 of its start between two looks is
+      recovering.
     gain_rise: the largest relative rise of the gain in one step once `warm_in`
       measurements are in (AdaScale's gain moves slowly on a healthy run).
     early_rungs: before the run has learnt, a growing batch climbs to at most this

@@ -56,20 +56,60 @@ _DEFAULT_SPIKE_MIN_EXCESS = 0.5
 DEFAULT_MIN_MULTIPLIER = 1e-3
 
 
+class LossMoments(NamedTuple):
+  """A running mean and variance of a loss: the one loss tracker of the divergence guard and
+  of DATE's divergence watch (`track_loss`).
+
+  Attributes:
+    count: the losses taken in.
+    mean: their running mean (`running_weight`).
+    var: their running variance.
+  """
+
+  count: jax.Array
+  mean: jax.Array
+  var: jax.Array
+
+
+def init_loss_moments() -> LossMoments:
+  zero_f = jnp.zeros((), jnp.float32)
+  return LossMoments(jnp.zeros((), jnp.int32), zero_f, zero_f)
+
+
+def track_loss(moments: LossMoments, loss: jax.Array, decay: float, *,
+               take: jax.Array | bool = True) -> LossMoments:
+  """The moments after `loss` where `take`, else as they were.
+
+  The first 1/(1 − decay) losses weigh equally, later ones exponentially
+  (`running_weight`; Finch 2009, "Incremental calculation of weighted mean and
+  variance").
+
+  Example:
+    >>> moments = init_loss_moments()
+    >>> for loss in (1.0, 2.0, 3.0):
+    ...   moments = track_loss(moments, jnp.float32(loss), 0.9)
+    >>> int(moments.count), float(moments.mean), round(float(moments.var), 4)
+    (3, 2.0, 0.6667)
+  """
+  count = moments.count + 1
+  weight = running_weight(count, decay)
+  delta = loss - moments.mean
+  tracked = LossMoments(count, moments.mean + weight * delta,
+                        (1.0 - weight) * (moments.var + weight * delta * delta))
+  return jax.tree.map(lambda new, old: jnp.where(take, new, old), tracked, moments)
+
+
 class DivergenceGuardState(NamedTuple):
   """State of `divergence_guard`.
 
   Attributes:
     inner_state: the wrapped optimizer's state (unchanged by skipped steps).
     lr_multiplier: the factor applied to the inner updates, in (0, 1].
-    loss_mean: running (exponentially weighted) mean of the accepted losses,
-      spikes left out.
-    loss_var: running variance of the same losses.
-    loss_count: losses in the running statistics; spikes are detected once it
-      reaches `min_steps`.
-    ref_mean: the reference level spikes are measured from: the lowest
-      `loss_mean` since the statistics started (or re-based).
-    ref_var: `loss_var` at that point.
+    loss: the running mean and variance of the accepted losses, spikes left out
+      (`track_loss`); spikes are detected once `min_steps` are in.
+    ref_mean: the reference level spikes are measured from: the lowest running
+      mean since the statistics started (or re-based).
+    ref_var: the running variance at that point.
     num_accepted: accepted steps so far.
     consecutive_spikes: spikes in a row so far.
     num_nonfinite: skipped steps with a non-finite gradient, update or loss.
@@ -79,9 +119,7 @@ class DivergenceGuardState(NamedTuple):
 
   inner_state: Any
   lr_multiplier: jax.Array
-  loss_mean: jax.Array
-  loss_var: jax.Array
-  loss_count: jax.Array
+  loss: LossMoments
   ref_mean: jax.Array
   ref_var: jax.Array
   num_accepted: jax.Array
@@ -232,7 +270,7 @@ def _guard_init(inner: optax.GradientTransformationExtraArgs, params) -> Diverge
   zero, zero_f = jnp.zeros((), jnp.int32), jnp.zeros((), jnp.float32)
   return DivergenceGuardState(
       inner_state=inner.init(params), lr_multiplier=jnp.ones((), jnp.float32),
-      loss_mean=zero_f, loss_var=zero_f, loss_count=zero, ref_mean=zero_f, ref_var=zero_f,
+      loss=init_loss_moments(), ref_mean=zero_f, ref_var=zero_f,
       num_accepted=zero, consecutive_spikes=zero, num_nonfinite=zero, num_spikes=zero)
 
 
@@ -245,7 +283,7 @@ def _guard_update(inner, settings: _GuardSettings, updates, state: DivergenceGua
   new_updates, new_inner = inner.update(updates, state.inner_state, params, value=value,
                                         lr_multiplier=state.lr_multiplier, **extra_args)
   finite = all_finite(updates) & all_finite(new_updates)
-  loss = state.loss_mean if value is None else jnp.asarray(value, jnp.float32)
+  loss = state.loss.mean if value is None else jnp.asarray(value, jnp.float32)
   if value is None:  # static: no loss, no spike test, no statistics
     spike = jnp.array(False)
   else:
@@ -262,7 +300,7 @@ def _guard_update(inner, settings: _GuardSettings, updates, state: DivergenceGua
   return _scaled(new_updates, accept, state.lr_multiplier), state._replace(
       inner_state=_select(accept, new_inner, state.inner_state),
       lr_multiplier=_next_multiplier(state.lr_multiplier, accept, settings),
-      **statistics, loss_count=state.loss_count + as_int(averaged),
+      **statistics,
       num_accepted=state.num_accepted + as_int(accept),
       consecutive_spikes=jnp.where(persistent, 0, streak),
       num_nonfinite=state.num_nonfinite + as_int(~finite),
@@ -273,7 +311,7 @@ def _is_spike(state: DivergenceGuardState, loss, settings: _GuardSettings) -> ja
   """A loss more than the threshold's deviations and the minimal excess above the reference,
   once the statistics hold `min_steps` losses."""
   excess = loss - state.ref_mean
-  return ((state.loss_count >= settings.min_steps)
+  return ((state.loss.count >= settings.min_steps)
           & (excess > settings.spike_threshold * jnp.sqrt(state.ref_var))
           & (excess > settings.spike_min_excess * jnp.abs(state.ref_mean)))
 
@@ -304,21 +342,18 @@ def _next_multiplier(multiplier, accept, settings: _GuardSettings):
 
 
 def _loss_statistics(state: DivergenceGuardState, loss, settings: _GuardSettings, *,
-                     averaged, rebase) -> dict[str, jax.Array]:
-  """The running mean and variance and the reference level after the step: `averaged` takes
-  the loss in (`running_weight`), `rebase` (a persistent spike) re-bases on it, the spread
-  keeping its size relative to the mean; else they stay."""
-  count = state.loss_count + 1
-  weight = running_weight(count, settings.loss_decay)
-  delta = loss - state.loss_mean
-  mean = state.loss_mean + weight * delta
-  var = (1.0 - weight) * (state.loss_var + weight * delta * delta)
-  new_ref = (count <= settings.min_steps) | (mean < state.ref_mean)
-  ref_mean = jnp.where(new_ref, mean, state.ref_mean)
-  ref_var = jnp.where(new_ref, var, state.ref_var)
+                     averaged, rebase) -> dict[str, Any]:
+  """The running moments and the reference level after the step: `averaged` takes the loss
+  in (`track_loss`), `rebase` (a persistent spike) re-bases on it, the spread keeping its
+  size relative to the mean; else they stay."""
+  tracked = track_loss(state.loss, loss, settings.loss_decay)
+  new_ref = (tracked.count <= settings.min_steps) | (tracked.mean < state.ref_mean)
+  ref_mean = jnp.where(new_ref, tracked.mean, state.ref_mean)
+  ref_var = jnp.where(new_ref, tracked.var, state.ref_var)
   rebased_var = state.ref_var * jnp.square(loss / jnp.maximum(jnp.abs(state.ref_mean), 1e-30))
-  keep = lambda new, rebased, old: jnp.where(averaged, new, jnp.where(rebase, rebased, old))
-  return {"loss_mean": keep(mean, loss, state.loss_mean),
-          "loss_var": keep(var, rebased_var, state.loss_var),
+  rebased = state.loss._replace(mean=loss, var=rebased_var)
+  keep = lambda new, rebased, old: jax.tree.map(
+      lambda n, r, o: jnp.where(averaged, n, jnp.where(rebase, r, o)), new, rebased, old)
+  return {"loss": keep(tracked, rebased, state.loss),
           "ref_mean": keep(ref_mean, loss, state.ref_mean),
           "ref_var": keep(ref_var, rebased_var, state.ref_var)}

@@ -47,23 +47,23 @@ over-drives the LR. Up to that rung it climbs from its first look, warmup or
 not, with the gain held to √(B/B0) until the run has learnt: a batch a few times
 the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
 'The early climb'). Nor does it climb while the divergence watch holds the gain (a
-rising loss), or while the loss sits above its best by more than `climb_share` of its
-gains (`dateopt.date._divergence.may_grow_batch`): a rung is never given back, and a
-wobble too small to hold the gain still lifts the noise reading (the evidence:
-docs/results/engine_rules.md, 'The climb share'). The gain and
+rising loss): a rung is never given back. The gain and
 the progress are those of the batch each step really had
 (`GradientSqNorms.big_batch_size`), so a loop that follows the engine late
 loses nothing. `next_batch_size(opt_state)` is the batch the
 engine wants for the next step.
+
+The controller: the divergence watch puts each step in a phase (`loss_phase`:
+diverged, hold, plateau or learning) and one table, `PHASE_RULES`, says
+for each phase the bound on the gain, whether the noise is measured and where the
+batch goes next; the rules below are its rows.
 
 Trust: the progress credits only what a step applied. A step the
 divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
 most `gain_rise` per step after its first `warm_in` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
-the gain would jump to k), nor, once the run has learnt, while its loss sits above
-its best by more than `climb_share` of its gains (a bump's readings stay high
-after the loss has stopped rising). Until the run has learnt the gain is held to
+the gain would jump to k). Until the run has learnt the gain is held to
 √(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
 at any batch (the evidence: docs/results/engine_rules.md, 'The gain hold until the run
 has learnt'). Each noise reading is winsorized against the EMAs
@@ -105,7 +105,6 @@ from dateopt.date._divergence import (
     has_learnt,
     init_watch,
     loss_rising,
-    may_grow_batch,
     update_watch,
 )
 from dateopt.date._adam_scaling import injected
@@ -189,8 +188,7 @@ class AdaptiveState(NamedTuple):
 #: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
 #: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
 #: are the divergence watch's ways into a diverged phase (`dateopt.date._divergence`).
-ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "climb_share",
-                "early_climb", "credited_noise", "winsorized_readings", "signal_horizon",
+ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "early_climb", "credited_noise", "winsorized_readings", "signal_horizon",
                 "gradient_jump_skip") + DIVERGENCE_RULES
 #: The rules that only a growing batch has: on a fixed batch, one of them off changes nothing.
 LADDER_RULES = ("credited_noise", "early_climb")
@@ -200,8 +198,8 @@ def check_rules_off(rules_off: Sequence[str]) -> frozenset[str]:
   """`rules_off` as a set of `ENGINE_RULES` names; an unknown name raises ValueError naming it.
 
   Example:
-    >>> sorted(check_rules_off(("early_climb", "climb_share")))
-    ['climb_share', 'early_climb']
+    >>> sorted(check_rules_off(("rising_hold", "early_climb")))
+    ['early_climb', 'rising_hold']
   """
   if isinstance(rules_off, str) or not isinstance(rules_off, (list, tuple, set, frozenset)):
     raise ValueError(f"rules_off must be a sequence of rule names, not {rules_off!r}; "
@@ -317,57 +315,93 @@ def _climb(batch_size, count, noise_state, ladder, warmup_steps, step_price, gro
   return jnp.where(grow, upper, batch_size)
 
 
-def _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size):
-  """The gain, held to √(B/B0) until the run has learnt: a plateau's readings are not resolved."""
-  root_k = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / base_batch_size)
-  return jnp.where(learnt, gain, jnp.minimum(gain, root_k))
+class PhaseRule(NamedTuple):
+  """What the engine does in one phase of `PHASE_RULES`.
 
-
-def _may_climb(watch, config, rules_off):
-  """`may_grow_batch`, or with "climb_share" off, `has_learnt` alone."""
-  return (has_learnt(watch, config) if "climb_share" in rules_off
-          else may_grow_batch(watch, config))
-
-
-def _no_rise_off_best(gain, previous, watch, learnt, config):
-  """The gain, not risen above the last step's while a run that has `learnt` has its loss above
-  its best by more than `climb_share` of its gains (`may_grow_batch` false).
-
-  After a bump the readings stay high for a while once the loss has stopped
-  rising, and a gain that followed them would race the run to its end on a bump's
-  noise (the evidence: docs/results/engine_rules.md, 'The climb share').
+  Attributes:
+    gain: the bound on AdaScale's gain (after its warm-in and rise bound,
+      `bounded_gain`): "none"; "root_batch", √(B/B0) at the step's batch B;
+      "no_rise", the last step's gain; "one", the baseline's pace.
+    measures: whether the step's noise readings enter the EMAs.
+    climb: where the batch asked of the next step goes on a ladder: "growth_rule"
+      (`wants_next_rung`), "early_rungs" (the growth rule up to `early_rungs` × the
+      first rung, below the largest, warmup or not, on the readings as measured), or
+      "stay".
   """
-  off_best = learnt & ~may_grow_batch(watch, config)
-  return jnp.where(off_best, jnp.minimum(gain, previous), gain)
+  gain: str
+  measures: bool
+  climb: str
 
 
-def _watched_gain(gain, state, watch, learnt, config, rules_off, *, step_batch,
-                  base_batch_size):
-  """The gain after the watch's rules.
+#: The controller's table: the gain, the measurement and the climb in each phase the loss
+#: puts a step in (`loss_phase`). LEGW's warmup ramps the LR whatever the phase; a run that
+#: is done, or gave up, takes no step. Why each row (docs/results/engine_rules.md):
+#: a plateau's noise readings are not resolved, at any batch ('The gain hold until the run
+#: has learnt', 'The early climb'); a rising loss's gradient noise, and a diverged run's,
+#: are the run's own ('The rising-loss hold', 'The divergence watch').
+PHASE_RULES = {
+    "learning": PhaseRule(gain="none", measures=True, climb="growth_rule"),
+    "plateau": PhaseRule(gain="root_batch", measures=True, climb="early_rungs"),
+    "hold": PhaseRule(gain="one", measures=False, climb="stay"),
+    "diverged": PhaseRule(gain="no_rise", measures=False, climb="stay"),
+}
 
-  No rise while the loss sits off its best (`_no_rise_off_best`), and held to
-  √(B/B0) at the step's batch B until the run has learnt, at a fixed batch as on a
-  growing one; each but the rules in `rules_off` ("climb_share",
-  "gain_hold_until_learnt").
+
+def phase_rules(rules_off: frozenset[str] = frozenset()) -> dict[str, PhaseRule]:
+  """`PHASE_RULES` less the `rules_off` that are a row's entry: "gain_hold_until_learnt"
+  (a plateau's gain unbounded) and "early_climb" (a plateau's batch stays).
+
+  Example:
+    >>> phase_rules(frozenset({"early_climb"}))["plateau"]
+    PhaseRule(gain='root_batch', measures=True, climb='stay')
   """
-  if "climb_share" not in rules_off:
-    gain = _no_rise_off_best(gain, state.gain, watch, learnt, config)
+  plateau = PHASE_RULES["plateau"]
   if "gain_hold_until_learnt" in rules_off:
-    return gain
-  return _root_gain_until_learnt(gain, learnt, step_batch, base_batch_size)
+    plateau = plateau._replace(gain="none")
+  if "early_climb" in rules_off:
+    plateau = plateau._replace(climb="stay")
+  return dict(PHASE_RULES, plateau=plateau)
 
 
-def _early_climb(next_batch, batch_size, count, noise_state, ladder, plateau,
-                 config: EngineConfig):
-  """On a `plateau` (steady, not yet learnt): one rung up the ladder's first `early_rungs` × B0,
-  below its largest rung, by the growth rule, priced at the full ladder's maximum, warmup or
-  not; else `next_batch`."""
+def loss_phase(watch: DivergenceWatchState, config: EngineConfig,
+               rules_off: frozenset[str] = frozenset()) -> jax.Array:
+  """The row of `PHASE_RULES` the watch puts a step in, as an index into `PHASES`.
+
+  The first that holds: "diverged" (`dateopt.date._divergence`), "hold" (the
+  loss is rising, `loss_rising`), "plateau" (the run has not learnt,
+  `has_learnt`), else "learning". A run whose watch has seen no loss is
+  learning. "rising_hold" in `rules_off` takes the hold out.
+
+  Example:
+    >>> from dateopt.date._divergence import init_watch
+    >>> PHASES[int(loss_phase(init_watch(), EngineConfig()))]
+    'learning'
+  """
+  watched = watch.count > 0
+  tests = [("diverged", watch.diverged_steps > 0)]
+  if "rising_hold" not in rules_off:
+    tests.append(("hold", watched & loss_rising(watch, config)))
+  tests.append(("plateau", watched & ~has_learnt(watch, config)))
+  return jnp.select([held for _, held in tests], [PHASES.index(name) for name, _ in tests],
+                    default=PHASES.index("learning")).astype(jnp.int32)
+
+
+def _by_phase(rules: Mapping[str, PhaseRule], now: jax.Array, entry: str,
+              values: Mapping[Any, Any]) -> jax.Array:
+  """`values[rule.<entry>]` for the rule of phase `now` (an index into `PHASES`)."""
+  chosen = [jnp.asarray(values[getattr(rule, entry)]) for rule in rules.values()]
+  return jnp.select([now == PHASES.index(name) for name in rules], chosen, default=chosen[0])
+
+
+def _early_climb(batch_size, count, noise_state, ladder, config: EngineConfig):
+  """One rung up the ladder's first `early_rungs` × B0, below its largest rung, by the
+  growth rule priced at the full ladder's maximum, warmup or not; else the same batch."""
   early_ladder = tuple(b for b in ladder[:-1] if b <= config.early_rungs * ladder[0])
   if len(early_ladder) < 2:  # static: no rung to climb to before the run has learnt
-    return next_batch
+    return batch_size
   early = _climb(batch_size, count, noise_state, early_ladder, 0, config.step_price,
                  config.growth_interval, ladder[-1])
-  return jnp.where(plateau & (batch_size < early_ladder[-1]), early, next_batch)
+  return jnp.where(batch_size < early_ladder[-1], early, batch_size)
 
 
 def bounded_gain(measured, previous, trusted, *, max_rise: float, batch_ratio=1.0):
@@ -594,34 +628,35 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
                          progress_fraction=state.progress / engine.base_steps,
                          rules_off=engine.off)
   healthy = watch.diverged_steps == 0
-  # A rising loss: the gradient's noise is the run's own.
-  steady = (healthy if "rising_hold" in engine.off
-            else healthy & ~loss_rising(watch, engine.config))
+  # The row of PHASE_RULES; a step without a loss is not watched: it learns.
+  now = (loss_phase(watch, engine.config, engine.off) if watching
+         else jnp.int32(PHASES.index("learning")))
+  rules = phase_rules(engine.off)
+  measures = _by_phase(rules, now, "measures", {True: True, False: False})
   # A non-finite gradient is an explosion's limit: skipped like a jump, before it reaches the
   # inner state (Adam's moments would keep the NaN) or the noise EMAs (its norms may be fine).
-  noise, jump = _measure(engine, state.noise, grad_sq_norms, steady & grads_finite)
+  noise, jump = _measure(engine, state.noise, grad_sq_norms, measures & grads_finite)
   step_batch, read = _step_reading(engine, state, noise, grad_sq_norms)
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
-  learnt = has_learnt(watch, engine.config) if watching else None  # static: only the watch knows
-  gain = _step_gain(engine, state, watch, noise, measured, step_batch, learnt,
-                    steady=steady, healthy=healthy, watching=watching)
+  settled = _settled_gain(measured, state, (noise.grad_sq_ema > 0) & healthy, step_batch,
+                          engine.config, engine.off, healthy)
+  gain = _phase_gain(engine, state, rules, now, settled, step_batch)
   ramp = _legw_ramp(state.count, engine.warmup_steps)
   lr_factor = _gain_multiplier(gain, engine.gain_rule)
   lr = ramp * lr_factor * engine.base_schedule(
       jnp.maximum(state.progress, float(engine.warmup_steps)))
   # Cut only when cut: a multiply by 1.0 could change XLA's fusion and the last bits.
   lr = jnp.where(watch.lr_scale == 1.0, lr, lr * watch.lr_scale)
-  next_batch = _next_batch(engine, state, watch, state.count + 1, noise, read, learnt,
-                           steady=steady, watching=watching)
+  next_batch = _next_batch(engine, state, rules, now, noise, read)
   stepped = _stepped(state, watch, noise, ramp=ramp, gain=gain,
                      step_batch=step_batch, next_batch=next_batch, lr_multiplier=lr_multiplier,
-                     healthy=healthy, held=steady & (gain < measured))
+                     healthy=healthy, held=measures & (gain < measured))
   seen = _observation(grad_sq_norms, loss, lr_multiplier, grads_finite, state.batch_size,
                       state.observation.seen)
   skip = jump | ~grads_finite
   take_step = ~((state.progress >= engine.base_steps) | watch.gave_up | skip)
   return _Decision(*_fenced(take_step, lr), k, *_fenced(lr_factor, *_outcomes(
-      engine, state, stepped, watch, noise, skip, seen)))
+      engine, state, stepped, watch, noise, skip, seen, now)))
 
 
 def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, step_batch, next_batch,
@@ -641,11 +676,12 @@ def _stepped(state: AdaptiveState, watch, noise, *, ramp, gain, step_batch, next
 
 
 def _outcomes(engine: _Engine, state: AdaptiveState, stepped: AdaptiveState, watch, noise,
-              skip, seen: Observation) -> tuple[AdaptiveState, AdaptiveState, AdaptiveState]:
+              skip, seen: Observation, now) -> tuple[AdaptiveState, AdaptiveState,
+                                                     AdaptiveState]:
   """(stepped, idle, rejected): the engine after the step taken, not taken (`skip`, done or
   given up: the noise EMAs and the watch move on, a skipped step counts toward the
-  patience), and taken but its update not finite (a skipped step); each with its phase and
-  what the step showed it."""
+  patience), and taken but its update not finite (a skipped step); each with its phase (the
+  step's phase `now`, as `shown_phase` shows it) and what the step showed it."""
   def idle(skipped):
     counted = (count_gradient_jump(watch, skipped, patience=engine.config.patience)
                if engine.watch else watch)  # static: no watch, no count
@@ -653,8 +689,8 @@ def _outcomes(engine: _Engine, state: AdaptiveState, stepped: AdaptiveState, wat
 
   def finish(after, update_finite):
     return after._replace(
-        phase=phase(after, base_steps=engine.base_steps, warmup_steps=engine.warmup_steps,
-                    config=engine.config),
+        phase=shown_phase(after, now, base_steps=engine.base_steps,
+                          warmup_steps=engine.warmup_steps),
         observation=seen._replace(update_finite=update_finite))
 
   return (finish(stepped, jnp.array(True)), finish(idle(skip), jnp.array(True)),
@@ -709,38 +745,28 @@ def _step_reading(engine: _Engine, state: AdaptiveState, noise, grad_sq_norms):
                                     exponent=engine.noise_batch_exponent)
 
 
-def _step_gain(engine: _Engine, state: AdaptiveState, watch, noise, measured, step_batch,
-               learnt, *, steady, healthy, watching):
-  """The gain the step applies: the measured gain, settled (`_settled_gain`), 1 on a rising
-  loss, then the watch's rules (`_watched_gain`)."""
-  trusted = (noise.grad_sq_ema > 0) & healthy
-  gain = _settled_gain(measured, state, trusted, step_batch, engine.config, engine.off, healthy)
-  gain = jnp.where(healthy & ~steady, 1.0, gain)  # a rising loss: the baseline's pace
-  if not watching:  # static: the watch's rules on the gain need the loss
-    return gain
-  return _watched_gain(gain, state, watch, learnt, engine.config, engine.off,
-                       step_batch=step_batch, base_batch_size=engine.base_batch_size)
+def _phase_gain(engine: _Engine, state: AdaptiveState, rules, now, settled, step_batch):
+  """The gain the step applies: the settled gain (`_settled_gain`) under the bound its
+  phase's rule sets (`PhaseRule.gain`)."""
+  root_batch = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / engine.base_batch_size)
+  bounds = {"none": settled, "root_batch": jnp.minimum(settled, root_batch),
+            "no_rise": jnp.minimum(settled, state.gain), "one": jnp.ones_like(settled)}
+  return _by_phase(rules, now, "gain", bounds)
 
 
-def _next_batch(engine: _Engine, state: AdaptiveState, watch, count, noise, read, learnt, *,
-                steady, watching):
-  """The batch asked for at the next step: the same on a fixed batch; on a ladder, the
-  growth rule's (`_climb`) on a steady run, and the early climb before the run has learnt."""
+def _next_batch(engine: _Engine, state: AdaptiveState, rules, now, noise, read):
+  """The batch asked of the next step: the same on a fixed batch; on a ladder, where its
+  phase's rule climbs (`PhaseRule.climb`): by the growth rule on the credited readings
+  `read`, or to the early rungs on the readings as measured (the credit is the batch trend
+  of runs that learn; a plateau's readings are not resolved)."""
+  batch, count = state.batch_size, state.count + 1
   if not engine.ladder:
-    return state.batch_size
-  # A rising loss's noise says nothing of the batch; nor does a plateau's or a wobble's.
-  may_climb = (steady & _may_climb(watch, engine.config, engine.off)) if watching else steady
-  next_batch = jnp.where(may_climb,
-                         _climb(state.batch_size, count, read, engine.ladder,
-                                engine.warmup_steps, engine.config.step_price,
-                                engine.config.growth_interval),
-                         state.batch_size)
-  # Before the run has learnt, the early rungs, from the start, read as measured: the credit
-  # is the batch trend of runs that learn (a plateau's readings are not resolved).
-  if watching and "early_climb" not in engine.off:  # static
-    next_batch = _early_climb(next_batch, state.batch_size, count, noise, engine.ladder,
-                              steady & ~learnt, engine.config)
-  return next_batch
+    return batch
+  climbs = {"growth_rule": _climb(batch, count, read, engine.ladder, engine.warmup_steps,
+                                  engine.config.step_price, engine.config.growth_interval),
+            "early_rungs": _early_climb(batch, count, noise, engine.ladder, engine.config),
+            "stay": batch}
+  return _by_phase(rules, now, "climb", climbs)
 
 
 def _settled_gain(measured, state, trusted, step_batch, config, rules_off, healthy):
@@ -818,22 +844,22 @@ def _check_ladder(batch_sizes, base_batch_size, batch_size) -> tuple[int, ...] |
   return ladder
 
 
-#: The engine's phases after a step, as `phase` tells them apart; `date/phase` logs the index.
+#: The engine's phases after a step, as `phase` tells them apart; `date/phase` logs the index
+#: (a new phase goes at the end, so that a logged index keeps its name).
 PHASES = ("warmup", "plateau", "learning", "hold", "diverged", "done", "gave_up")
 
 
-def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int,
-          config: EngineConfig) -> jax.Array:
+def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int, config: EngineConfig,
+          rules_off: frozenset[str] = frozenset()) -> jax.Array:
   """Which of `PHASES` the `adaptive` engine is in after its last step (an int32 index).
 
   The first that holds: "gave_up" (diverged for the watch's patience: updates
   are zero), "diverged" (a divergence under way: no progress credited, the LR
   cut), "done" (progress has covered `base_steps`), "warmup" (LEGW's ramp,
-  engine step < `warmup_steps`), "hold" (the loss has given back a share of its
-  gains: gain 1, nothing measured), "plateau" (the run has not learnt yet: the
-  batch climbs only early, a fixed batch's gain is held to √(B/B0)), else
-  "learning" (AdaScale's gain, the growth rule). A run without a loss
-  (`value=`) has no watch: it is in "warmup", "learning" or "done".
+  engine step < `warmup_steps`), else the phase of `PHASE_RULES` the loss puts
+  it in (`loss_phase`): "hold", "plateau" or "learning". A run
+  without a loss (`value=`) has no watch: it is in "warmup", "learning" or
+  "done".
 
   Example:
     >>> import optax
@@ -844,14 +870,18 @@ def phase(state: AdaptiveState, *, base_steps: int, warmup_steps: int,
     ...                  config=EngineConfig()))]
     'warmup'
   """
-  watch = state.watch
-  watched = watch.count > 0
-  tests = [("gave_up", watch.gave_up), ("diverged", watch.diverged_steps > 0),
-           ("done", state.progress >= base_steps), ("warmup", state.count < warmup_steps),
-           ("hold", watched & loss_rising(watch, config)),
-           ("plateau", watched & ~has_learnt(watch, config))]
+  return shown_phase(state, loss_phase(state.watch, config, rules_off),
+                     base_steps=base_steps, warmup_steps=warmup_steps)
+
+
+def shown_phase(state: AdaptiveState, now: jax.Array, *, base_steps: int,
+                warmup_steps: int) -> jax.Array:
+  """`now`, a phase of `PHASE_RULES` (an index into `PHASES`), shown as "gave_up", "done" or
+  "warmup" where those hold of `state` (a diverged phase shows as such before "done")."""
+  tests = [("gave_up", state.watch.gave_up), ("diverged", now == PHASES.index("diverged")),
+           ("done", state.progress >= base_steps), ("warmup", state.count < warmup_steps)]
   return jnp.select([held for _, held in tests], [PHASES.index(name) for name, _ in tests],
-                    default=PHASES.index("learning")).astype(jnp.int32)
+                    default=now).astype(jnp.int32)
 
 
 def progress_done(opt_state: Any, base_steps: int) -> jax.Array:

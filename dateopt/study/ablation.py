@@ -11,10 +11,10 @@ diverged at least once (with every rule on, the study's runs are healthy: there,
 alarms). A fixed batch runs no rule that only a ladder has (`LADDER_RULES`).
 
 Example:
-  >>> cells = ablation_grid(["lstm"], rules=("climb_share", "early_climb"), seeds=(0,))
+  >>> cells = ablation_grid(["lstm"], rules=("rising_hold", "early_climb"), seeds=(0,))
   >>> [c.key for c in cells]  # doctest: +NORMALIZE_WHITESPACE
   ['lstm/baseline/1x/seed0', 'lstm/adaptive/64x/seed0', 'lstm/adaptive_grow/64x/seed0',
-   'lstm/adaptive/64x/off:climb_share/seed0', 'lstm/adaptive_grow/64x/off:climb_share/seed0',
+   'lstm/adaptive/64x/off:rising_hold/seed0', 'lstm/adaptive_grow/64x/off:rising_hold/seed0',
    'lstm/adaptive_grow/64x/off:early_climb/seed0']
 """
 

@@ -105,8 +105,8 @@ def rules_off(setting: str) -> str:
   """A DATE cell's setting as `config.engine_rules_off`: "off:a+b" -> "a,b"; "" -> "".
 
   Example:
-    >>> rules_off("off:early_climb+climb_share"), rules_off("")
-    ('early_climb,climb_share', '')
+    >>> rules_off("off:early_climb+rising_hold"), rules_off("")
+    ('early_climb,rising_hold', '')
   """
   if not setting:
     return ""

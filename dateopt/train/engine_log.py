@@ -211,7 +211,7 @@ def rules_that_act(workdir: str | os.PathLike,
   the caller has it already.
 
   Example:
-    >>> [a.step for a in rules_that_act("runs/lm_grown", ("climb_share", "early_climb"))]
+    >>> [a.step for a in rules_that_act("runs/lm_grown", ("rising_hold", "early_climb"))]
     [None, 20]
   """
   root = workdirs.as_path(workdir)

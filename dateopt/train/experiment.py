@@ -287,7 +287,7 @@ def _final_epochs_steps(settings: dict[str, Any], baseline: date.Recipe, recipe:
 
 
 def engine_rules_off(config: ml_collections.ConfigDict) -> tuple[str, ...]:
-  """`config.engine_rules_off` ("early_climb,climb_share") as rule names, each checked
+  """`config.engine_rules_off` ("early_climb,rising_hold") as rule names, each checked
   against `dateopt.date._progress.ENGINE_RULES`."""
   value = config.get("engine_rules_off", "") or ""
   if not isinstance(value, str):
