@@ -134,7 +134,7 @@ def test_non_finite_gradients_and_losses_are_skipped_then_the_multiplier_recover
     updates, state = step(bad_grads, state, params, value=jnp.float32(loss))
     np.testing.assert_array_equal(updates["w"], [0.0, 0.0])
     jax.tree.map(np.testing.assert_array_equal, state.inner_state, before.inner_state)
-    assert float(state.loss_mean) == float(before.loss_mean)  # not averaged in
+    assert float(state.loss.mean) == float(before.loss.mean)  # not averaged in
     assert int(state.num_nonfinite) == i and int(state.num_skipped) == i
     assert float(state.lr_multiplier) == 0.5 ** i
   assert int(state.num_accepted) == 3
@@ -162,7 +162,7 @@ def test_without_a_loss_only_non_finite_steps_are_caught():
   np.testing.assert_array_equal(updates["w"], [-1e6, -1e6])
   updates, state = tx.update({"w": jnp.array([jnp.nan, 0.0])}, state, params)
   np.testing.assert_array_equal(updates["w"], [0.0, 0.0])
-  assert (int(state.num_nonfinite), int(state.num_spikes), int(state.loss_count)) == (1, 0, 0)
+  assert (int(state.num_nonfinite), int(state.num_spikes), int(state.loss.count)) == (1, 0, 0)
 
 
 # ---- loss spikes ----------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_isolated_spikes_never_back_the_learning_rate_off():
   applied, states = _run_losses(losses, patience=3)
   np.testing.assert_array_equal(applied, np.ones(200))  # every update as without the guard
   assert int(states[-1].num_skipped) == 0 and float(states[-1].lr_multiplier) == 1.0
-  assert float(states[-1].loss_mean) == pytest.approx(1.0, abs=0.05)  # spikes left out
+  assert float(states[-1].loss.mean) == pytest.approx(1.0, abs=0.05)  # spikes left out
 
 
 def test_a_persistent_loss_jump_backs_off_once_then_rebases_and_training_continues():
@@ -207,7 +207,7 @@ def test_a_persistent_loss_jump_backs_off_once_then_rebases_and_training_continu
   np.testing.assert_allclose(applied[43:], np.minimum(0.5 * growth ** np.arange(97), 1.0),
                              rtol=1e-5)
   assert int(states[-1].num_skipped) == 1 and int(states[-1].num_accepted) == 139
-  assert float(states[-1].loss_mean) == pytest.approx(5.0, rel=0.05)
+  assert float(states[-1].loss.mean) == pytest.approx(5.0, rel=0.05)
 
 
 def test_a_spike_that_keeps_growing_keeps_backing_off():
