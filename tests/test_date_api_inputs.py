@@ -10,14 +10,13 @@ import pytest
 
 from dateopt import date
 from dateopt.date import _noise as noise_lib
-import engine_options  # tests/engine_options.py
 
 
 def _engine(make=lambda learning_rate: optax.adam(learning_rate),
             schedule=optax.constant_schedule(1e-2), **kwargs):
-  options = dict(base_batch_size=32, batch_size=512, base_steps=1000, noise_decay=0.9)
+  options = dict(base_batch_size=32, batch_size=512, base_steps=1000)
   options.update(kwargs)
-  return date.adaptive(make, schedule, **engine_options.options(**options))
+  return date.adaptive(make, schedule, **options)
 
 
 PARAMS = {"w": jnp.ones(3)}
@@ -72,7 +71,7 @@ def test_a_nonfinite_gradient_with_finite_norms_is_skipped_not_credited(bad):
 
 
 def test_nonfinite_gradients_that_keep_coming_give_up_at_the_patience():
-  tx = _engine(divergence_patience=5)
+  tx = _engine(config=date.EngineConfig(horizon=5))  # a diverged run is given up after h steps
   before, update = _warm(tx)
   state, nan = before, {"w": jnp.full(3, jnp.nan)}
   for _ in range(5):
@@ -82,7 +81,7 @@ def test_nonfinite_gradients_that_keep_coming_give_up_at_the_patience():
 
 
 def test_a_nonfinite_gradient_is_skipped_without_the_watch_too():
-  tx = _engine(divergence_patience=None)
+  tx = _engine(watch=False)
   state = tx.init(PARAMS)
   updates, state = tx.update({"w": jnp.full(3, jnp.nan)}, state, PARAMS, grad_sq_norms=SQ)
   assert float(state.progress) == 0.0 and int(state.count) == 0

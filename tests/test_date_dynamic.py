@@ -17,7 +17,6 @@ from dateopt.date import _noise as noise_lib
 from dateopt.date import _stats as stats_lib
 from dateopt.date import _builder as builder_lib
 from dateopt.date import _planner as planner_lib
-import engine_options  # tests/engine_options.py
 
 # ---- noise scale: formulas ----------------------------------------------------
 
@@ -63,32 +62,33 @@ def test_the_signal_ema_keeps_a_horizon_of_its_own():
 
 
 def test_a_faster_signal_ema_follows_a_falling_gradient_in_the_engine():
-  """The engine reads with `signal_decay`: after |G|² falls from 4 to 1 (tr Σ 320), the
-  20-step-horizon EMA's B_noise is closer to the new 320 than the 100-step one's; by default
-  the engine reads at `date.EngineConfig().signal_decay` (0.97)."""
+  """The engine reads |G|² over a third of its horizon: after |G|² falls from 4 to 1 (tr Σ
+  320), its B_noise is closer to the new 320 than that of the engine with the `signal_horizon`
+  rule off, whose |G|² EMA decays as slowly as tr Σ's (0.99)."""
   base = optax.constant_schedule(1e-3)
-  make = lambda **signal: date.adaptive(
-      lambda learning_rate: optax.sgd(learning_rate), base, **engine_options.options(base_batch_size=32,
-      batch_size=512, base_steps=10_000, noise_decay=0.99, **signal))
+  make = lambda **options: date.adaptive(
+      lambda learning_rate: optax.sgd(learning_rate), base, base_batch_size=32,
+      batch_size=512, base_steps=10_000, **options)
   params = {"w": jnp.ones(3)}
   sq = lambda g: date.GradientSqNorms(g + 320 / 64, g + 320 / 512, 64, 512)
   readings = []
-  for signal in (dict(signal_decay=None), dict(signal_decay=0.95), {}):
-    tx = make(**signal)
+  for options in (dict(rules_off=("signal_horizon",)), {}):
+    tx = make(**options)
     state = tx.init(params)
     update = jax.jit(functools.partial(tx.update, params=params))
     for g in [4.0] * 100 + [1.0] * 40:
       _, state = update({"w": jnp.ones(3)}, state, grad_sq_norms=sq(g))
     readings.append(float(noise_lib.noise_scale(state.noise)))
   # Hand arithmetic: the bias-corrected EMA at decay d gives the 100 old readings the weight
-  # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.128 at 0.95 (B_noise 231),
-  # 0.286 at 0.97 (B_noise 172).
-  assert date.EngineConfig().signal_decay == 0.97
-  for got, d in zip(readings, (0.99, 0.95, 0.97)):
+  # (d^40 - d^140)/(1 - d^140): 0.562 at 0.99 (B_noise 119), 0.286 at 0.97 (B_noise 172).
+  config = date.EngineConfig()
+  assert (config.noise_decay, config.signal_decay) == (0.99, 0.97)
+  for got, d in zip(readings, (config.noise_decay, config.signal_decay)):
     old_share = (d ** 40 - d ** 140) / (1 - d ** 140)
     assert got == pytest.approx(320 / (4 * old_share + (1 - old_share)), rel=1e-4)
+  assert readings[1] > readings[0]
   with pytest.raises(ValueError, match="EngineConfig.horizon"):
-    make(horizon=2)
+    make(config={"horizon": 2})
 
 
 def test_a_spike_s_readings_are_winsorized_once_the_emas_have_settled():
@@ -559,9 +559,8 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
   sqs = [(float(s + 4 * n), float(s + n / 2), 8, 64)
          for s, n in zip(rng.uniform(0.5, 2, 40), rng.uniform(1, 30, 40))]
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                     lambda s: 0.1 * (1 - jnp.minimum(s, 60) / 60), **engine_options.options(base_batch_size=8,
-                     batch_size=64, base_steps=60, warmup_steps=5, gain_rule=rule,
-                     noise_decay=0.5))
+                     lambda s: 0.1 * (1 - jnp.minimum(s, 60) / 60), base_batch_size=8,
+                     batch_size=64, base_steps=60, warmup_steps=5, gain_rule=rule)
   step = jax.jit(lambda g, s, p, sq: tx.update(g, s, p, grad_sq_norms=sq))
   params, state = jnp.ones(3), tx.init(jnp.ones(3))
   lrs = []
@@ -571,8 +570,8 @@ def test_adaptive_sgd_matches_a_numpy_transcription(rule):
     params = optax.apply_updates(params, updates)
     lrs.append(float(optax.tree.get(state, "learning_rate")))
   w, want_lrs, taus = _adaptive_numpy(grads, sqs, lr0=lr0, b0=8, b=64, base_steps=60,
-                                      warmup=5, rule=rule, decay=0.5,
-                                      signal_decay=date.EngineConfig().signal_decay)  # the engine's default
+                                      warmup=5, rule=rule, decay=date.EngineConfig().noise_decay,
+                                      signal_decay=date.EngineConfig().signal_decay)  # the engine's
   assert int(state.count) == len(want_lrs) < 40   # it stopped by itself
   assert float(state.progress) == pytest.approx(taus[-1], rel=1e-5) and taus[-1] >= 60
   np.testing.assert_allclose(lrs[:len(want_lrs)], want_lrs, rtol=1e-5)

@@ -14,8 +14,6 @@ from dateopt.date._noise import init_noise_scale, noise_scale, update_noise_scal
 from dateopt.date._progress import ENGINE_RULES, check_rules_off
 from dateopt.train.experiment import build_optimizer, engine_rules_off
 from dateopt.date import _noise as noise_lib
-from dateopt.date import _progress as progress_lib
-import engine_options  # tests/engine_options.py
 
 PARAMS = {"w": jnp.ones(2)}
 
@@ -28,12 +26,11 @@ def _sq_norms(noise, batch, grad_sq=1.0, groups=4):
 
 
 def _engine(rules_off=(), **kwargs):
-  """SGD under the engine; both noise EMAs at decay 0 (each holds the last reading)."""
-  options = dict(base_batch_size=32, batch_size=512, base_steps=10_000, noise_decay=0.0,
-                 signal_decay=0.0, rules_off=rules_off)
+  """SGD under the engine at its defaults, with `rules_off`."""
+  options = dict(base_batch_size=32, batch_size=512, base_steps=10_000, rules_off=rules_off)
   options.update(kwargs)
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), **engine_options.options(**options))
+                       optax.constant_schedule(0.1), **options)
 
 
 def _run(tx, steps, state=None):
@@ -64,14 +61,18 @@ def test_every_rule_has_a_name_and_a_bad_name_is_refused():
     _engine(rules_off=("warmup",))
 
 
-def test_gain_rise_bound_off_the_gain_is_the_measured_one():
-  steps = [(5000.0, None), (32.0, None)] * (date.EngineConfig().warm_in // 2) + [(5000.0, None)]
-  # The readings as read: winsorized, the last one would count as 4 × the one before.
-  _, _, bounded = _run(_engine(("winsorized_readings",)), steps)
-  _, _, free = _run(_engine(("winsorized_readings", "gain_rise_bound")), steps)
-  assert bounded[-1] == pytest.approx(bounded[-2] * (1 + date.EngineConfig().gain_rise), rel=1e-5)
-  assert free[-1] == pytest.approx(noise_lib.adascale_gain(5000.0, 32, 512), rel=1e-5)
-  assert free[:-1] == pytest.approx(bounded[:-1])  # the settling steps: as measured either way
+def test_gain_rise_bound_off_a_released_gain_takes_the_measured_one_at_once():
+  """test_batch_growth's fixed-batch plateau: the gain is held to √8 until the run has learnt
+  (step 77), then rises at most `gain_rise` a step toward the measured 6.57; without the
+  bound it takes the measured gain at once."""
+  steps = [(1000.0, 2.3)] * 50 + [(1000.0, 1.9)] * 20 + [(1000.0, 1.4)] * 30
+  fixed = dict(batch_size=256, warmup_steps=50)
+  _, _, bounded = _run(_engine(**fixed), steps)
+  _, _, free = _run(_engine(("gain_rise_bound",), **fixed), steps)
+  assert bounded[:77] == free[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
+  rise = 1 + date.EngineConfig().gain_rise
+  assert bounded[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
+  assert free[77] == pytest.approx(noise_lib.adascale_gain(1000.0, 32, 256), rel=1e-5)
 
 
 def test_rising_hold_off_a_rising_loss_is_measured_and_walked_at_its_gain():
@@ -82,8 +83,7 @@ def test_rising_hold_off_a_rising_loss_is_measured_and_walked_at_its_gain():
   assert held_gains[-1] == 1.0 and int(held.watch.holds) >= 2
   # Not reset to 1: the gain follows the rising loss's readings up.
   assert free_gains[-1] > free_gains[len(learnt) - 1] > 5
-  assert float(noise_scale(free.noise)) == pytest.approx(9000.0, rel=1e-4)  # measured
-  assert float(noise_scale(held.noise)) < 9000.0
+  assert float(noise_scale(free.noise)) > float(noise_scale(held.noise))  # measured
 
 
 def test_gain_hold_until_learnt_off_a_plateau_takes_its_measured_gain():
@@ -100,25 +100,21 @@ def test_early_climb_off_the_batch_waits_for_the_run_to_learn():
   512 before the run has learnt (step ~137); without it the first climb is the look at 140."""
   steps = [(1000.0, 2.3)] * 110 + [(1000.0, 1.9)] * 20 + [(1000.0, 1.4)] * 30
   grown = dict(batch_size=1024, batch_sizes=date.batch_ladder(32, 1024), warmup_steps=50,
-               noise_batch_exponent=0.0)
+               config=date.EngineConfig(noise_batch_exponent=0.0))
   _, early, _ = _run(_engine(**grown), steps)
   _, late, _ = _run(_engine(("early_climb",), **grown), steps)
   assert early[80:140] == [512] * 60
   assert late[:140] == [32] * 140 and late[140:] == [64] * 20
 
 
-@pytest.mark.parametrize("rule, same_as", [
-    ("credited_noise", dict(noise_batch_exponent=0.0)),
-    ("signal_horizon", dict(signal_decay=None)),
-])
-def test_a_rule_with_a_knob_off_is_the_engine_with_that_knob_at_its_neutral_value(rule, same_as):
-  grown = dict(batch_size=256, batch_sizes=(32, 64, 128, 256), noise_decay=0.9, signal_decay=0.5,
-               noise_batch_exponent=0.2)
+def test_credited_noise_off_is_the_engine_that_reads_each_rung_as_measured():
+  grown = dict(batch_size=256, batch_sizes=(32, 64, 128, 256))
   rng = np.random.default_rng(0)
   steps = [(float(n), None, float(g))
            for n, g in zip(rng.uniform(200.0, 2000.0, 70), rng.uniform(0.2, 5.0, 70))]
-  off, off_batches, _ = _run(_engine((rule,), **grown), steps)
-  knob, knob_batches, _ = _run(_engine(**dict(grown, **same_as)), steps)
+  off, off_batches, _ = _run(_engine(("credited_noise",), **grown), steps)
+  knob, knob_batches, _ = _run(
+      _engine(config=date.EngineConfig(noise_batch_exponent=0.0), **grown), steps)
   on, _, _ = _run(_engine(**grown), steps)
   assert off_batches == knob_batches
   jax.tree.map(np.testing.assert_array_equal, off, knob)
@@ -140,16 +136,15 @@ def test_winsorized_readings_off_a_spike_moves_the_ema_by_its_full_weight():
       pytest.approx(clipped, rel=1e-4))
   assert float(noise_scale(update_noise_scale(state, spike, 0.9))) == (
       pytest.approx(as_read, rel=1e-4))
-  _, _, gains_on = _run(_engine(noise_decay=0.9, signal_decay=None),
-                        [(100.0, None)] * 10 + [(10_000.0, None)])
-  _, _, gains_off = _run(_engine(("winsorized_readings",), noise_decay=0.9, signal_decay=None),
+  _, _, gains_on = _run(_engine(), [(100.0, None)] * 10 + [(10_000.0, None)])
+  _, _, gains_off = _run(_engine(("winsorized_readings",)),
                          [(100.0, None)] * 10 + [(10_000.0, None)])
   assert gains_off[:10] == pytest.approx(gains_on[:10]) and gains_off[-1] > gains_on[-1]
 
 
 def test_gradient_jump_skip_off_an_exploding_gradient_is_applied():
-  tx_on = _engine(noise_decay=0.9)
-  tx_off = _engine(("gradient_jump_skip",), noise_decay=0.9)
+  tx_on = _engine()
+  tx_off = _engine(("gradient_jump_skip",))
   results = []
   for tx in (tx_on, tx_off):
     state, _, _ = _run(tx, [(100.0, 2.0)] * 12)
@@ -174,7 +169,7 @@ def test_a_divergence_rule_off_never_declares_the_run_diverged(rule, losses, pro
     for step, loss in enumerate(losses):
       watch = update(watch, jnp.float32(loss), step=jnp.int32(step),
                      progress_fraction=jnp.float32(progress(step)),
-                     config=engine_options.config(patience=1000),
+                     config=date.EngineConfig(),
                      rules_off=rules_off)
       flagged[rules_off] += int(watch.diverged_steps > 0)
   assert flagged[frozenset()] > 0 and flagged[frozenset({rule})] == 0

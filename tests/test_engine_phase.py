@@ -8,7 +8,6 @@ import pytest
 from dateopt import date
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _progress as progress_lib
-import engine_options  # tests/engine_options.py
 
 PHASES = progress_lib.PHASES
 WARMUP = 5
@@ -16,13 +15,12 @@ WARMUP = 5
 
 def _engine(base_steps=10_000, **kwargs):
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
-                       optax.constant_schedule(0.1), **engine_options.options(base_batch_size=32, batch_size=512,
-                       base_steps=base_steps, warmup_steps=WARMUP, noise_decay=0.0,
-                       signal_decay=0.0, **kwargs))
+                       optax.constant_schedule(0.1), base_batch_size=32, batch_size=512,
+                       base_steps=base_steps, warmup_steps=WARMUP, **kwargs)
 
 
 def _sq_norms(noise_scale, batch=512, small=128):
-  """Readings whose noise scale (tr Σ / |G|², EMAs at decay 0) is `noise_scale`."""
+  """Readings whose noise scale (tr Σ / |G|²) is `noise_scale`."""
   g2 = 1.0
   trace = noise_scale * g2
   return noise_lib.GradientSqNorms(small=jnp.float32(g2 + trace / small),
@@ -50,7 +48,7 @@ def healthy():
 
 @pytest.fixture(scope="module")
 def blown_up():
-  return _walk([2.3] * 10 + [50.0] * 40, divergence_patience=15)
+  return _walk([2.3] * 10 + [50.0] * 40, config=date.EngineConfig(horizon=15))
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,6 @@ import pytest
 from dateopt import date
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _progress as progress_lib
-import engine_options  # tests/engine_options.py
 
 B0, B_MAX, LR0 = 32, 512, 0.1
 BASE_STEPS, WARMUP, STEPS = 1_200, 10, 160  # some healthy walks finish
@@ -37,9 +36,9 @@ LADDER = date.batch_ladder(B0, B_MAX)
 def _engine(grows: bool):
   schedule = optax.warmup_cosine_decay_schedule(0.0, LR0, WARMUP, BASE_STEPS)
   return date.adaptive(lambda learning_rate: optax.sgd(learning_rate), schedule,
-                       **engine_options.options(base_batch_size=B0, batch_size=B_MAX, base_steps=BASE_STEPS,
+                       base_batch_size=B0, batch_size=B_MAX, base_steps=BASE_STEPS,
                        warmup_steps=WARMUP, batch_sizes=LADDER if grows else None,
-                       growth_interval=5, divergence_patience=60))
+                       config=date.EngineConfig(horizon=60, warm_in=3))
 
 
 def _noise_profile(rng) -> np.ndarray:

@@ -23,7 +23,6 @@ import pytest
 
 from dateopt import date
 from dateopt.date import _progress as progress_lib
-import engine_options  # tests/engine_options.py
 
 SCHEDULE = optax.cosine_decay_schedule(1e-2, 4000)
 SETTINGS = dict(base_batch_size=8, batch_size=256, base_steps=4000, warmup_steps=20)
@@ -43,7 +42,7 @@ def _scripted_run(settings: dict, *, steps: int, explode_from: int | None = None
   gradient at step 100 and a gradient jump at step 120 (both skipped)."""
   rng = np.random.default_rng(0)
   tx = date.adaptive(lambda learning_rate: optax.adamw(learning_rate, weight_decay=0.1),
-                     SCHEDULE, **engine_options.options(**settings))
+                     SCHEDULE, **settings)
   params = {"w": jnp.ones(4)}
   state = tx.init(params)
 
@@ -87,7 +86,7 @@ def run(request):
 
 def test_replay_decides_every_step_as_the_run_did(run):
   settings, observations, decisions = run
-  assert _same(decisions, date.replay(observations, SCHEDULE, **engine_options.options(**settings))) is None
+  assert _same(decisions, date.replay(observations, SCHEDULE, **settings)) is None
   phases = {d["phase"] for d in decisions}
   assert {"warmup", "plateau", "learning", "hold", "done"} <= phases  # every healthy phase
   assert observations[100]["grads_finite"] is False  # the NaN gradient: skipped
@@ -102,15 +101,15 @@ def test_replay_reads_the_runs_json_back_exactly(run):
   lines = [json.dumps({k: as_json(v) for k, v in o.items()}, allow_nan=False)
            for o in observations]
   read_back = [json.loads(line) for line in lines]
-  assert _same(decisions, date.replay(read_back, SCHEDULE, **engine_options.options(**settings))) is None
+  assert _same(decisions, date.replay(read_back, SCHEDULE, **settings)) is None
 
 
 def test_replay_follows_a_run_into_divergence_and_giving_up():
-  settings = dict(SETTINGS, divergence_patience=20)
+  settings = dict(SETTINGS, config=date.EngineConfig(horizon=20))
   observations, decisions = _scripted_run(settings, steps=230, explode_from=190)
   assert {"diverged", "gave_up"} <= {d["phase"] for d in decisions}
   assert decisions[-1]["gave_up"] and decisions[-1]["diverged_steps"] > 0
-  assert _same(decisions, date.replay(observations, SCHEDULE, **engine_options.options(**settings))) is None
+  assert _same(decisions, date.replay(observations, SCHEDULE, **settings)) is None
 
 
 @pytest.mark.parametrize("run", ["fixed"], indirect=True)  # a ladder compiles once a rung
@@ -120,7 +119,7 @@ def test_where_a_rule_first_acts_is_where_a_run_without_it_first_decides_otherwi
   from dateopt.train import engine_log  # the train extra
   settings, observations, decisions = run
   actions = {a.rule: a for a in engine_log.first_actions(
-      observations, SCHEDULE, ("rising_hold", "relapse", "early_climb"), **engine_options.options(**settings))}
+      observations, SCHEDULE, ("rising_hold", "relapse", "early_climb"), **settings)}
   compared = [k for k in engine_log.ACTION if k != "learning_rate"]  # a replay's alone
   for rule in ("rising_hold", "relapse"):
     _, off = _scripted_run(dict(settings, rules_off=(rule,)), steps=300)
@@ -134,10 +133,10 @@ def test_where_a_rule_first_acts_is_where_a_run_without_it_first_decides_otherwi
 
 def test_replay_refuses_what_adaptive_refuses():
   with pytest.raises(ValueError, match="warmup_steps"):
-    date.replay([], SCHEDULE, **engine_options.options(**dict(SETTINGS, warmup_steps=4000)))
+    date.replay([], SCHEDULE, **dict(SETTINGS, warmup_steps=4000))
   with pytest.raises(ValueError, match="rules_off"):
-    date.replay([], SCHEDULE, **engine_options.options(**dict(SETTINGS, rules_off=("no_such_rule",))))
-  assert date.replay([], SCHEDULE, **engine_options.options(**SETTINGS)) == []
+    date.replay([], SCHEDULE, **dict(SETTINGS, rules_off=("no_such_rule",)))
+  assert date.replay([], SCHEDULE, **SETTINGS) == []
 
 
 # --- Recorded runs (scripts/record_engine_runs.py) ---------------------------------------------
@@ -196,7 +195,7 @@ def test_the_replay_cli_says_where_each_rule_acts_on_a_recorded_run(capsys):
 def test_the_rung_table_groups_the_steps_by_the_batch_each_had(run):
   from dateopt.train import engine_log  # the train extra
   settings, observations, decisions = run
-  replayed = date.replay(observations, SCHEDULE, **engine_options.options(**settings))
+  replayed = date.replay(observations, SCHEDULE, **settings)
   rows = engine_log.rung_table(replayed).splitlines()[2:]
   batches = [int(row.split("|")[1].replace(",", "")) for row in rows]
   steps = [int(row.split("|")[3]) for row in rows]
@@ -212,7 +211,7 @@ def test_a_step_the_guard_outside_rejects_never_reaches_the_engine_and_replays()
   rng = np.random.default_rng(3)
   settings = dict(SETTINGS, base_steps=600)
   tx = date.divergence_guard(date.adaptive(
-      lambda learning_rate: optax.adamw(learning_rate, weight_decay=0.1), SCHEDULE, **engine_options.options(**settings)))
+      lambda learning_rate: optax.adamw(learning_rate, weight_decay=0.1), SCHEDULE, **settings))
   params = {"w": jnp.ones(4)}
   state = tx.init(params)
 
@@ -237,7 +236,7 @@ def test_a_step_the_guard_outside_rejects_never_reaches_the_engine_and_replays()
   # A step the guard rejected was never read: the count stands; every other one moves it.
   assert [b - a for a, b in zip([0] + seen, seen)] == [int(not r) for r in rejected]
   assert _same(decisions, [{k: d[k] for k in decisions[0]}
-                           for d in date.replay(observations, SCHEDULE, **engine_options.options(**settings))]) is None
+                           for d in date.replay(observations, SCHEDULE, **settings)]) is None
 
 
 def test_a_replay_needs_every_step_from_the_first(tmp_path):

@@ -28,7 +28,6 @@ import pytest
 import dateopt
 from dateopt import date, plots, schedules, train
 from dateopt.train import checkpoint, metrics, nonfinite, preemption, recipe_record, workdir_lock
-from dateopt.train import config as config_lib
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -730,28 +729,14 @@ def test_fields_that_default_to_none_or_to_an_empty_dict_take_overrides():
   assert _parsed_config("--config.batch_size=None")["batch_size"] is None
 
 
+# Each kind of refusal the command line can meet, in a process of its own: absl's parsing of
+# a flag, a key or a value, and the startup's checks of the config and the workdir.
 @pytest.mark.parametrize("override, message", [
     ("--config.batch_size=abc",
      "config.batch_size must be a positive int or None; got 'abc' of type str."),
-    ("--config.eval_batch_size=0", "config.eval_batch_size must be a positive int or None; got 0."),
-    ("--config.guard_kwargs.spike_factor=3",
-     "config.guard_kwargs: divergence_guard() got an unexpected keyword argument 'spike_factor'"),
-    ("--config.guard_kwargs.spike_threshold='2'",
-     "config.guard_kwargs: spike_threshold must be a number; got '2' of type str."),
-    ("--config.plan.gain_rule=cubic", "gain_rule must be one of 'linear', 'sqrt'; got 'cubic'."),
     ("--config.batchsize=512", "unknown config key 'config.batchsize'; allowed keys: "),
     ("--config.seed=abc", "flag --config.seed=abc: invalid literal for int() with base 10: 'abc'"),
-    ("--config.seed=-1", "config.seed must be an int >= 0; got -1."),
-    ("--config.checkpoint_every_steps=-5", "config.checkpoint_every_steps must be -1 (never), "
-     "0 (only at the end (and when stopped)) or an int >= 1; got -5."),
-    ("--config.eval_every_steps=-2", "config.eval_every_steps must be -1 (once per epoch), "
-     "0 (only at the end) or an int >= 1; got -2."),
-    ("--config.num_train_steps=0", "config.num_train_steps must be -1 (the recipe's length) or "
-     "an int >= 1; got 0."),
-    ("--config.num_train_steps=100000", "config.num_train_steps=100000 is past the end of the "
-     "recipe ("),
     ("--config..batch_size=5", "ValueError: Could not parse '.batch_size'"),
-    ("--workdir=", "the workdir is empty (an unset $WORKDIR?)"),
     ("--workdir=s3://bucket/run", "workdir s3://bucket/run: s3:// is not supported"),
 ], ids=lambda v: v.split("=")[0] if v.startswith("--") else None)
 def test_a_bad_override_is_one_line_naming_the_field_with_status_2(cli, tmp_path, override,
@@ -760,6 +745,38 @@ def test_a_bad_override_is_one_line_naming_the_field_with_status_2(cli, tmp_path
   assert done.returncode == 2, done.stderr[-3000:]
   assert _one_message(done.stderr).startswith(f"dateopt-train: error: {message}")
   assert not os.path.exists(tmp_path / "checkpoints")
+
+
+# The startup's other refusals: the same `StartupError` that the command line prints as one
+# line with status 2 (above), raised here in-process before anything compiles or is written.
+@pytest.mark.parametrize("fields, message", [
+    (dict(eval_batch_size=0), "config.eval_batch_size must be a positive int or None; got 0."),
+    (dict(guard_kwargs={"spike_factor": 3}),
+     "config.guard_kwargs: divergence_guard() got an unexpected keyword argument 'spike_factor'"),
+    (dict(guard_kwargs={"spike_threshold": "2"}),
+     "config.guard_kwargs: spike_threshold must be a number; got '2' of type str."),
+    (dict(plan={"gain_rule": "cubic"}), "gain_rule must be one of 'linear', 'sqrt'; got 'cubic'."),
+    (dict(seed=-1), "config.seed must be an int >= 0; got -1."),
+    (dict(checkpoint_every_steps=-5), "config.checkpoint_every_steps must be -1 (never), "
+     "0 (only at the end (and when stopped)) or an int >= 1; got -5."),
+    (dict(eval_every_steps=-2), "config.eval_every_steps must be -1 (once per epoch), "
+     "0 (only at the end) or an int >= 1; got -2."),
+    (dict(num_train_steps=0), "config.num_train_steps must be -1 (the recipe's length) or "
+     "an int >= 1; got 0."),
+    (dict(num_train_steps=100000), "config.num_train_steps=100000 is past the end of the "
+     "recipe ("),
+], ids=lambda v: ",".join(v) if isinstance(v, dict) else None)
+def test_a_bad_config_value_is_refused_at_startup_naming_the_field(tiny, tmp_path, fields,
+                                                                   message):
+  with pytest.raises(train.StartupError) as refused:
+    train.train_and_evaluate(tiny(**fields), str(tmp_path / "run"))
+  assert str(refused.value).startswith(message), str(refused.value)
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+def test_an_empty_workdir_is_refused_at_startup(tiny):
+  with pytest.raises(train.StartupError, match=r"^the workdir is empty \(an unset \$WORKDIR\?\)"):
+    train.train_and_evaluate(tiny(), "")
 
 
 # --- A changed recipe on resume -------------------------------------------------------------

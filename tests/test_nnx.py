@@ -14,7 +14,6 @@ from dateopt import date
 from dateopt.date import _builder as builder_lib
 
 from import_isolation import assert_not_loaded  # tests/import_isolation.py
-import engine_options  # tests/engine_options.py
 
 nnx = pytest.importorskip("flax.nnx")  # flax comes with the `train` extra
 
@@ -29,8 +28,9 @@ TARGETS = (FEATURES @ np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 
 def _engine(make=lambda learning_rate: optax.sgd(learning_rate)):
   return date.track_statistics(date.adaptive(
-      make, optax.constant_schedule(0.05), **engine_options.options(base_batch_size=LADDER[0], batch_size=LADDER[-1],
-      base_steps=T0, batch_sizes=LADDER, growth_interval=8)))
+      make, optax.constant_schedule(0.05), base_batch_size=LADDER[0], batch_size=LADDER[-1],
+      base_steps=T0, batch_sizes=LADDER,
+      config=date.EngineConfig(warm_in=4)))  # the growth rule looks every 2 · 4 steps
 
 
 def _batch(position, size):

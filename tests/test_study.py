@@ -17,8 +17,6 @@ from dateopt.study import __main__ as study_main
 from dateopt.train import experiment
 from dateopt.date import _noise as noise_lib
 from dateopt.date import _planner as planner_lib
-from dateopt.date import _recipe as recipe_lib
-import engine_options  # tests/engine_options.py
 
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -306,8 +304,8 @@ def test_price_frontier_plays_a_run_s_readings_at_each_price(tmp_path):
   assert (result["steps"], result["examples_vs_baseline"], result["price"]) == (200, 2.5, 1.0)
   for price in (0.5, 4.0):
     assert result["law"][price] == date.predicted_budget(
-        400.0, **engine_options.options(base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
-        warmup_steps=100, step_price=price, read_at_batch_size=512))
+        400.0, base_batch_size=32, batch_sizes=date.batch_ladder(32, 512), base_steps=1000,
+        warmup_steps=100, config=date.EngineConfig(step_price=price), read_at_batch_size=512)
   cheap, dear = result["law"][0.5], result["law"][4.0]
   assert dear["steps"] < cheap["steps"] and dear["examples"] > cheap["examples"]
   table = frontier.markdown([result], [0.5, 4.0]).splitlines()
@@ -646,3 +644,19 @@ def test_a_config_error_is_raised_not_kept_as_a_rule_without_a_recipe(tmp_path, 
   with pytest.raises(ValueError, match="b3"):
     runner.run([study.Cell("t", "legw", 4, 0)], progress=False)
   assert runner.unplannable() == []
+
+
+def test_a_cell_the_watch_gives_up_is_a_row_that_never_counts_at_the_bar(tiny, tmp_path):
+  """The tiny LSTM at 1,000x its tuned LR diverges; DATE's watch gives it up. The study keeps
+  the cell as a row that says so (the grid goes on), never counted at a quality bar."""
+  from dateopt.study import ablation, cells, compare  # pylint: disable=import-outside-toplevel
+  config = tiny(strategy="adaptive", divergence_watch=True, eval_every_steps=10)
+  config.baseline = dict(config.baseline.to_dict(), learning_rate=3.0)
+  row = cells.run_cell(study.Cell("tiny", "adaptive", 4, 0), config, str(tmp_path / "run"))
+  assert row["gave_up"] and row["stopped"].startswith("stopped: the adaptive run")
+  assert row["steps"] > 0 and row["examples"] == row["steps"] * 64
+  assert row["divergences"] > 0 and row["batch"] == 64 and row["base_batch"] == 16
+  json.dumps(row, allow_nan=True)  # a row of cells.jsonl
+  assert compare.quality(row) == -math.inf
+  means = ablation._means([row, dict(row, gave_up=False, final_accuracy=0.5)], bar=0.1)
+  assert (means["gave_up"], means["at_bar"], means["quality"]) == (1, 1, 0.5)

@@ -113,7 +113,6 @@ from dateopt.date._guard import all_finite
 from dateopt.date._noise import (
     GradientSqNorms,
     NoiseScaleState,
-    adascale_gain,
     check_batch_sizes,
     gain_from_estimates,
     init_noise_scale,

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any, Mapping, Sequence
 
@@ -80,9 +81,12 @@ def _means(runs: Sequence[Mapping[str, Any]], bar: float) -> dict[str, Any]:
   """The runs' mean steps, examples and quality, with how many were at the bar or diverged."""
   if not runs:
     return {}
+  finished = [quality(r) for r in runs if not r.get("gave_up")]
   return {"seeds": len(runs), "steps": statistics.mean(r["steps"] for r in runs),
           "examples": statistics.mean(r["examples"] for r in runs),
-          "quality": statistics.mean(quality(r) for r in runs),
+          # Over the runs that finished (a given-up run's is −∞): `gave_up` counts the others.
+          "quality": statistics.mean(finished) if finished else math.nan,
+          "gave_up": len(runs) - len(finished),
           "is_loss": "final_loss" in runs[0],
           "at_bar": sum(quality(r) >= bar for r in runs),
           # None: runs logged before the watch's divergences were (unknown, not 0).
@@ -98,14 +102,14 @@ def ablation_report(entries: Sequence[Mapping[str, Any]]) -> str:
     what = "validation loss (nats)" if rows[0]["is_loss"] else "accuracy %"
     lines = [f"#### {workload}: {rows[0]['label']}", "",
              f"| rule off | seeds | steps | × all on | examples × all on | {what} | "
-             f"runs at the bar | runs the watch called diverged |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"runs at the bar | runs the watch called diverged | runs it gave up |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for e in sorted(rows, key=lambda e: (e["rule"] != "", e["rule"])):
       value = f"{-e['quality']:.4f}" if e["is_loss"] else f"{100 * e['quality']:.2f}"
       ratio = lambda key: "—" if e[key] is None else f"{e[key]:.2f}"
       diverged = "—" if e["diverged"] is None else f"{e['diverged']}/{e['seeds']}"
       lines.append(f"| {e['rule'] or '(every rule on)'} | {e['seeds']} | {e['steps']:,.0f} | "
                    f"{ratio('steps_vs_all_on')} | {ratio('examples_vs_all_on')} | {value} | "
-                   f"{e['at_bar']}/{e['seeds']} | {diverged} |")
+                   f"{e['at_bar']}/{e['seeds']} | {diverged} | {e['gave_up']}/{e['seeds']} |")
     parts.append("\n".join(lines))
   return "\n\n".join(parts)

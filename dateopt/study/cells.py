@@ -14,7 +14,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 import shutil
 import statistics
 import time
@@ -312,10 +314,15 @@ def planning_refusal(cell: Cell, config: ml_collections.ConfigDict,
 
 
 def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains `cell` from scratch in `workdir`; returns its row (with its eval curve)."""
+  """Trains `cell` from scratch in `workdir`; returns its row (with its eval curve). A run
+  that DATE's watch gives up is a result of the cell, not a crash of the grid: its row says
+  so (`gave_up_row`)."""
   shutil.rmtree(workdir, ignore_errors=True)  # an unfinished cell starts again
   start = time.perf_counter()
-  result = train.train_and_evaluate(config, workdir)
+  try:
+    result = train.train_and_evaluate(config, workdir)
+  except train.DivergedError as stop:
+    return gave_up_row(cell, workdir, reason=str(stop), seconds=time.perf_counter() - start)
   seconds = time.perf_counter() - start
   metric_rows = read_metrics(workdir)
   eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
@@ -339,6 +346,35 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
       "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
       **language_model_row(result, metric_rows),
   }
+
+
+def gave_up_row(cell: Cell, workdir: str, *, reason: str, seconds: float) -> dict[str, Any]:
+  """The row of a run the watch gave up: where it stopped, its last evaluation (made before
+  the divergence), `gave_up` and the reason. It never counts at a quality bar (`quality`)."""
+  metric_rows = read_metrics(workdir)
+  with open(os.path.join(workdir, "recipe.json"), encoding="utf-8") as f:
+    recipe = json.load(f)
+  trained = [r for r in metric_rows if "train/loss" in r]
+  eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
+  last = trained[-1] if trained else {}
+  examples = int(last.get("train/examples_seen", 0))
+  num_examples = recipe["planned"]["num_examples"]
+  row = {"key": cell.key, **dataclasses.asdict(cell), "batch": recipe["planned"]["batch_size"],
+         "base_batch": recipe["baseline"]["batch_size"], "num_examples": num_examples,
+         "steps": int(last.get("step", 0)), "examples": examples,
+         "largest_batch": int(max((r.get("train/batch_size", 0) for r in trained), default=0)),
+         "epochs": examples / num_examples, "predicted_steps": None,
+         "guard_skipped": int(last.get("train/guard/num_skipped", 0)),
+         "guard_lr_multiplier": float(last.get("train/guard/lr_multiplier", 1.0)),
+         "noise_scale_median": finite_median(measured_noise_scales(metric_rows)),
+         "final_accuracy": eval_accuracy[-1] if eval_accuracy else math.nan,
+         "best_accuracy": max(eval_accuracy, default=math.nan), "wall_seconds": seconds,
+         "gave_up": True, "stopped": reason.splitlines()[0], **run_health(metric_rows),
+         "noise_scales": [], "eval_steps": eval_steps, "eval_accuracy": eval_accuracy}
+  if any("eval/loss" in r for r in metric_rows) and any("train/tokens_seen" in r for r in trained):
+    _, eval_loss = metric_curve(metric_rows, "eval/loss")
+    row["final_loss"] = eval_loss[-1] if eval_loss else math.nan
+  return row
 
 
 def run_health(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:

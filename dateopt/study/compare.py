@@ -72,7 +72,10 @@ def _fits(setting: str, multiple: int) -> bool:
 
 
 def quality(row: Mapping[str, Any]) -> float:
-  """The run's quality: final accuracy, or (a language model) minus its validation loss."""
+  """The run's quality: final accuracy, or (a language model) minus its validation loss; −∞
+  for a run the watch gave up (`cells.gave_up_row`), which is never at a bar."""
+  if row.get("gave_up"):
+    return -math.inf
   return -row["final_loss"] if "final_loss" in row else row["final_accuracy"]
 
 
