@@ -1,5 +1,6 @@
 """dateopt.date's optax-level API on the inputs a user gets wrong: clear errors, no silent runs."""
 
+import functools
 import warnings
 
 import jax
@@ -197,3 +198,11 @@ def test_batch_ladder_gives_ints_for_whole_floats_and_names_a_fraction():
                         "multiple_of")]:
     with pytest.raises(ValueError, match=name):
       date.batch_ladder(**kwargs)
+
+
+def test_an_optimizer_factory_without_a_learning_rate_parameter_is_named():
+  with pytest.raises(TypeError, match=r"make_optimizer must take the LR as `learning_rate`.*"
+                                      r"its parameters are \('lr',\)"):
+    _engine(make=lambda lr: optax.sgd(lr))
+  for make in (optax.sgd, functools.partial(optax.adamw, weight_decay=0.1)):
+    _engine(make=make).init(PARAMS)

@@ -23,8 +23,9 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 import optax
@@ -94,6 +95,20 @@ def _scaled(rules, k, lr_factor, *, b1, b2, eps, weight_decay, maximum, sqrt) ->
   return out
 
 
+def _check_takes_learning_rate(make_optimizer: Callable[..., Any]) -> None:
+  """A clear error where `make_optimizer` has no `learning_rate` parameter, which
+  `optax.inject_hyperparams` sets by name (as optax's own optimizers name it)."""
+  try:
+    parameters = inspect.signature(make_optimizer).parameters
+  except (TypeError, ValueError):  # no signature to read (a builtin): let optax try
+    return
+  if "learning_rate" in parameters:
+    return
+  raise TypeError(f"make_optimizer must take the LR as `learning_rate` (as optax's optimizers "
+                  f"do: `lambda learning_rate: optax.sgd(learning_rate)`); its parameters "
+                  f"are {tuple(parameters)}.")
+
+
 def injected(make_optimizer: Callable[..., optax.GradientTransformation],
              rung_hyperparams: Callable[..., dict] | None):
   """`(inner, set_step)`: `make_optimizer` under `optax.inject_hyperparams`, and
@@ -101,6 +116,7 @@ def injected(make_optimizer: Callable[..., optax.GradientTransformation],
   `rung_hyperparams`, the hyper-parameters of batch k·B0 and LR factor) set: how DATE's
   engine and the batch schedules drive their inner optimizer."""
   scaled = rung_hyperparams or (lambda k, lr_factor: {})
+  _check_takes_learning_rate(make_optimizer)
   inner = optax.inject_hyperparams(make_optimizer)(learning_rate=0.0, **scaled(1.0, 1.0))
 
   def set_step(inner_state, lr, *, k, lr_factor):
