@@ -125,12 +125,13 @@ def test_engine_stops_below_the_noise_scale_and_never_shrinks():
   params, update = {"w": jnp.ones(2)}, jax.jit(tx.update)
   state = tx.init(params)
   seen = []
-  for step in range(100):
+  for step in range(360):
     batch = int(date.next_batch_size(state))
     seen.append(batch)
     noise = 100.0 if step < 60 else 10.0    # 32·64 ≤ 64·100 < 64·128, then 32·64 > 64·10
     _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(noise, batch))
   assert max(seen) == 64 and seen[-1] == 64 and seen == sorted(seen)
+  assert float(noise_lib.noise_scale(state.noise)) < 32  # the reading has fallen below 32·64/λ
 
 
 def test_the_credit_climbs_where_the_measured_reading_would_not():
@@ -188,7 +189,7 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
                                  rel=1e-6)
   # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
   # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024; the gain, free,
-  # rises at most GAIN_RISE a step from √16.
+  # rises at most `gain_rise` a step from √16.
   assert seen[140:] == [1024] * 20
   rise = 1 + date.EngineConfig().gain_rise
   assert gains[137:139] == pytest.approx([4 * rise, 4 * rise ** 2], rel=1e-6)
@@ -197,7 +198,7 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
 def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
   """At a fixed batch of 256 from 32 the plateau's readings (B_noise 1,000, gain 6.57) are not
   resolved either: the gain is held to √8 until the run has learnt, then rises at most
-  GAIN_RISE a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
+  `gain_rise` a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                      optax.constant_schedule(0.1), base_batch_size=32, batch_size=256,
                      base_steps=10_000, warmup_steps=50)

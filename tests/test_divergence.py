@@ -68,7 +68,7 @@ def test_healthy_losses_never_fire():
 
 def test_relapse_to_chance_is_diverged_and_recovery_needs_the_loss_back_near_its_best():
   losses = [2.3] * 10 + [1.5] * 100 + [2.3] * 60 + [1.8] * 60 + [1.5] * 100
-  state, flagged = _watch(losses)
+  state, flagged = _watch(losses, horizon=1000)  # a patience far beyond its ~110 diverged steps
   first = flagged[0]
   assert 110 < first < 130  # relapsed half of 0.8 above its best of 1.5
   assert 170 + 1 < 10 + 100 + 60 + 60 < flagged[-1]  # 1.8 is not back near 1.5: still diverged
@@ -81,7 +81,7 @@ def test_blow_up_and_no_learning_are_diverged():
   assert flagged and flagged[0] < 20
   progress = lambda step: step / 100  # a quarter of the baseline's steps at step 25
   _, flagged = _watch([2.3] * 150, progress=progress)
-  assert flagged[0] == date.EngineConfig().horizon - 1  # and not before STALL_STEPS losses
+  assert flagged[0] == date.EngineConfig().horizon - 1  # and not before `horizon` losses
   _, flagged = _watch([2.3] * 10 + [1.0] * 140, progress=progress)  # learnt: no alarm
   assert flagged == []
 
@@ -115,7 +115,7 @@ def _watch_states(losses, horizon):
 
 def test_a_recovering_run_keeps_its_lr_and_its_patience():
   # Learnt to 0.5, relapsed to 2.0 (diverged), then falling back by 0.1 every 10 steps:
-  # 4x FALL_SHARE · start (0.023 a look) -- the grown main-job run's recovery after its spike.
+  # 4x `fall_share` · start (0.023 a look) -- the grown main-job run's recovery after its spike.
   relapse = [2.3] * 10 + [0.5] * 100 + [2.0] * 20
   falling = list(np.linspace(2.0, 0.55, 146))
   states = _watch_states(relapse + falling + [0.5] * 40, horizon=40)
@@ -460,7 +460,7 @@ def test_after_a_bump_the_gain_and_the_batch_follow_the_readings_once_the_loss_i
   """A growing run sits at 512 on readings of 300 (512 · 1,024 > λ · B_noise = 1,024 · 300).
   Three losses of 1.0 after a best of ~0.5 are a hold (gain 1). Back at 0.52, near its best,
   with readings of 3,000: the gain follows them again, at
-  most `GAIN_RISE` a step, past the gain it had before the bump, and the batch climbs at the
+  most `gain_rise` a step, past the gain it had before the bump, and the batch climbs at the
   growth rule's next look."""
   tx = _engine(batch_size=1024, batch_sizes=date.batch_ladder(32, 1024),
                config=date.EngineConfig(noise_batch_exponent=0.0))  # the readings as measured

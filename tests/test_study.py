@@ -648,15 +648,27 @@ def test_a_config_error_is_raised_not_kept_as_a_rule_without_a_recipe(tmp_path, 
 
 def test_a_cell_the_watch_gives_up_is_a_row_that_never_counts_at_the_bar(tiny, tmp_path):
   """The tiny LSTM at 1,000x its tuned LR diverges; DATE's watch gives it up. The study keeps
-  the cell as a row that says so (the grid goes on), never counted at a quality bar."""
-  from dateopt.study import ablation, cells, compare  # pylint: disable=import-outside-toplevel
+  the cell as a row that says so (the grid goes on): stored in cells.jsonl, it is never at a
+  quality bar, the summaries leave it out, and the reports list it."""
+  from dateopt import strict_json  # pylint: disable=import-outside-toplevel
+  from dateopt.study import ablation, cells, compare, report  # pylint: disable=import-outside-toplevel
   config = tiny(strategy="adaptive", divergence_watch=True, eval_every_steps=10)
   config.baseline = dict(config.baseline.to_dict(), learning_rate=3.0)
   row = cells.run_cell(study.Cell("tiny", "adaptive", 4, 0), config, str(tmp_path / "run"))
   assert row["gave_up"] and row["stopped"].startswith("stopped: the adaptive run")
   assert row["steps"] > 0 and row["examples"] == row["steps"] * 64
   assert row["divergences"] > 0 and row["batch"] == 64 and row["base_batch"] == 16
-  json.dumps(row, allow_nan=True)  # a row of cells.jsonl
+  row = json.loads(strict_json.line(row))  # as cells.jsonl keeps it
   assert compare.quality(row) == -math.inf
-  means = ablation._means([row, dict(row, gave_up=False, final_accuracy=0.5)], bar=0.1)
-  assert (means["gave_up"], means["at_bar"], means["quality"]) == (1, 1, 0.5)
+  baseline = dict(row, key="tiny/baseline/1x/seed0", strategy="baseline", multiple=1,
+                  gave_up=False, final_accuracy=0.5, steps=120, examples=1920)
+  finished = dict(row, key="tiny/adaptive/4x/seed1", seed=1, gave_up=False, final_accuracy=0.45)
+  rows = [baseline, row, finished]
+  means = ablation._means([row, finished], bar=0.4)
+  assert (means["gave_up"], means["at_bar"], means["quality"]) == (1, 1, 0.45)
+  entry, = [e for e in compare.summarize_comparison(rows, 4) if e["method"] == "adaptive"]
+  assert (entry["runs"], entry["steps"], entry["quality"]) == (1, finished["steps"], 0.45)
+  assert {(e["strategy"], e["seeds"]) for e in report.summarize(rows)} == {
+      ("baseline", 1), ("adaptive", 1)}
+  listed = study_main.gave_up_report(rows)
+  assert "tiny/adaptive/4x/seed0" in listed and "tiny/adaptive/4x/seed1" not in listed

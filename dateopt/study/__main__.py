@@ -149,8 +149,9 @@ def report_study(args, runner: Study) -> Study:
 
 def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   """results.csv, results.md and the figures in `outdir` (copied to `copy_to`); the text."""
-  rows = [row for row in runner.rows() if row["workload"] in runner.configs
-          and not ablation.is_ablation(row)]
+  every = [row for row in runner.rows() if row["workload"] in runner.configs
+           and not ablation.is_ablation(row)]
+  rows = [row for row in every if not row.get("gave_up")]
   if not rows:
     raise SystemExit(f"no finished runs in {runner.results_path}")
   summary = report_lib.summarize(rows)
@@ -174,7 +175,7 @@ def report(runner: Study, outdir: str, copy_to: str | None) -> str:
   if predictions:
     text += ("\n\n### DATE's predictions from the baseline's noise-scale profile, before "
              "training\n\n" + predictions)
-  text += unplannable_report(runner)
+  text += unplannable_report(runner) + gave_up_report(every)
   text += f"\n\nMachine: {machine}, JAX {jax.__version__} on {jax.devices()[0].platform}."
   with open(os.path.join(outdir, "results.md"), "w", encoding="utf-8") as f:
     f.write(text + "\n")
@@ -222,8 +223,9 @@ def _copy_figures(paths, copy_to: str | None, *, prefix: str) -> None:
 
 def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
   """--compare: results.csv, results.md and one frontier figure per workload; the text."""
-  rows = [_with_health(runner, row) for row in runner.rows()
-          if row["workload"] in runner.configs and not ablation.is_ablation(row)]
+  every = [_with_health(runner, row) for row in runner.rows()
+           if row["workload"] in runner.configs and not ablation.is_ablation(row)]
+  rows = [row for row in every if not row.get("gave_up")]
   if not rows:
     raise SystemExit(f"no finished runs in {runner.results_path}")
   report_lib.write_csv(rows, os.path.join(outdir, "results.csv"),
@@ -231,7 +233,7 @@ def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
                        + cells.CSV_COLUMNS[4:])
   multiple = max((r["multiple"] for r in rows), default=1)
   entries = compare.summarize_comparison(rows, multiple)
-  text = compare.comparison_report(entries)
+  text = compare.comparison_report(entries) + gave_up_report(every)
   health = compare.health_report(rows)
   text += "\n\n#### Each run's log: guard skips, peak LR applied, the loss's trend at the end\n\n"
   text += health
@@ -257,6 +259,17 @@ def compare_report(runner: Study, outdir: str, copy_to: str | None) -> str:
         title=f"{workload}: each method's best run, evaluated along the way"))
     _copy_figures(paths, copy_to, prefix="compare_")
   return text
+
+
+def gave_up_report(rows) -> str:
+  """The runs DATE's watch gave up (`cells.gave_up_row`): listed with where they stopped and
+  why, and left out of every table and figure above, which count finished runs."""
+  stopped = sorted((r for r in rows if r.get("gave_up")), key=lambda r: r["key"])
+  if not stopped:
+    return ""
+  lines = [f"- `{r['key']}`: given up after {r['steps']:,} steps: {r['stopped']}"
+           for r in stopped]
+  return "\n\n#### Runs the watch gave up (not in the tables above)\n\n" + "\n".join(lines)
 
 
 def unplannable_report(runner: Study) -> str:

@@ -349,8 +349,9 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
 
 
 def gave_up_row(cell: Cell, workdir: str, *, reason: str, seconds: float) -> dict[str, Any]:
-  """The row of a run the watch gave up: where it stopped, its last evaluation (made before
-  the divergence), `gave_up` and the reason. It never counts at a quality bar (`quality`)."""
+  """The row of a run the watch gave up: its last logged step and examples, its last
+  evaluation (which may fall inside the divergence), `gave_up` and the reason. It never counts
+  at a quality bar (`compare.quality`), and the reports list it apart from their tables."""
   metric_rows = read_metrics(workdir)
   with open(os.path.join(workdir, "recipe.json"), encoding="utf-8") as f:
     recipe = json.load(f)
@@ -369,11 +370,17 @@ def gave_up_row(cell: Cell, workdir: str, *, reason: str, seconds: float) -> dic
          "noise_scale_median": finite_median(measured_noise_scales(metric_rows)),
          "final_accuracy": eval_accuracy[-1] if eval_accuracy else math.nan,
          "best_accuracy": max(eval_accuracy, default=math.nan), "wall_seconds": seconds,
-         "gave_up": True, "stopped": reason.splitlines()[0], **run_health(metric_rows),
+         "gave_up": True, "stopped": (reason.splitlines() or ["(no reason given)"])[0],
+         **run_health(metric_rows),
          "noise_scales": [], "eval_steps": eval_steps, "eval_accuracy": eval_accuracy}
-  if any("eval/loss" in r for r in metric_rows) and any("train/tokens_seen" in r for r in trained):
+  if any("train/tokens_seen" in r for r in trained):  # a language model: `language_model_row`'s
     _, eval_loss = metric_curve(metric_rows, "eval/loss")
-    row["final_loss"] = eval_loss[-1] if eval_loss else math.nan
+    eval_tokens, eval_bits = metric_curve(metric_rows, "eval/bits_per_byte",
+                                          x="eval/tokens_seen")
+    row.update(final_loss=eval_loss[-1] if eval_loss else math.nan,
+               final_bits_per_byte=eval_bits[-1] if eval_bits else math.nan,
+               tokens=int(last.get("train/tokens_seen", 0)), eval_loss=eval_loss,
+               eval_tokens=eval_tokens)
   return row
 
 

@@ -175,7 +175,8 @@ def summarize_comparison(rows: Sequence[Mapping[str, Any]], multiple: int = 64
   """One entry per (workload, method): its best run and 3-seed means, its runs at the bar,
   and DATE grown's steps over its frontier at DATE grown's mean examples. Only the
   baselines and the runs at `multiple` count, and no ablation's (`dateopt.study.ablation`)."""
-  rows = [r for r in rows if r["multiple"] in (1, multiple) and not is_ablation(r)]
+  rows = [r for r in rows if r["multiple"] in (1, multiple) and not is_ablation(r)
+          and not r.get("gave_up")]  # listed apart by the report
   entries = []
   for workload in sorted({r["workload"] for r in rows}):
     bar = quality_bar(rows, workload)

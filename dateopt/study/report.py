@@ -59,8 +59,9 @@ def summarize(rows: Sequence[Mapping[str, Any]], tolerance: float = BAR_TOLERANC
   The baseline's entry (k = 1) also stands for every strategy at k = 1, where
   they coincide. `steps_to_target` is the mean over the seeds that reached the
   target (the baseline's mean accuracy less `tolerance` points);
-  `reached` counts them.
+  `reached` counts them. A run the watch gave up is not summarized (the report lists it).
   """
+  rows = [row for row in rows if not row.get("gave_up")]
   targets = _targets(rows, tolerance)
   groups: dict[tuple, list] = {}
   for row in rows:

@@ -155,7 +155,7 @@ class Study:
     if cell.strategy == "legw_date_steps":
       steps = [r["steps"] for r in rows
                if r["strategy"] == "adaptive" and r["multiple"] == cell.multiple
-               and not r.get("setting", "")]  # every engine rule on, not an ablation's
+               and not r.get("setting", "") and not r.get("gave_up")]  # every rule on, finished
       date_steps = round(statistics.mean(steps)) if steps else None
     return cell_config(self.configs[cell.workload], cell,
                        num_train_examples=self.num_train_examples(cell.workload),
