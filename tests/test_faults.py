@@ -25,6 +25,7 @@ import numpy as np
 import optax
 import pytest
 
+import conftest  # tests/conftest.py: the XLA flags of the suite's child processes
 import dateopt
 from dateopt import date, plots, schedules, train
 from dateopt.train import checkpoint, metrics, nonfinite, preemption, recipe_record, workdir_lock
@@ -50,7 +51,7 @@ class Cli:
 
   def __init__(self, cache_dir):
     self.env = dict(os.environ, JAX_PLATFORMS="cpu",
-                    XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                    XLA_FLAGS=f"--xla_force_host_platform_device_count=1 {conftest.CHILD_FLAG}",
                     JAX_COMPILATION_CACHE_DIR=str(cache_dir),
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
@@ -340,7 +341,7 @@ def test_a_stop_before_the_first_step_survives_code_that_swallows_every_exceptio
   """JAX's persistent compilation cache answers any `Exception` of its write after a
   compile with a warning and goes on: a SIGTERM whose handler ran there was lost, and the
   run went on to take and save its first step (36 s on a loaded machine)."""
-  with preemption.StopRequests() as stops:
+  with preemption.StopRequests():
     with pytest.raises(preemption.Preempted) as stopped:
       try:  # as jax._src.compiler._cache_write does
         os.kill(os.getpid(), signal.SIGTERM)

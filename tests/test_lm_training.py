@@ -17,6 +17,7 @@ import numpy as np
 import optax
 import pytest
 
+import conftest  # tests/conftest.py: the XLA flags of the suite's child processes
 from dateopt import train
 from dateopt.train import engine_log
 from dateopt.data import get_dataset
@@ -218,7 +219,7 @@ def test_the_packaged_lm_config_runs_from_the_command_line(corpus, tmp_path):
          "--config.log_every_steps=2",
          "--config.checkpoint_every_steps=-1", "--config.progress_bar=False"]
   # One device, as a laptop has (the suite's 8 simulated ones do not divide batch 4).
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env = dict(os.environ, XLA_FLAGS=conftest.CHILD_FLAG)
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
   assert out.returncode == 0, out.stderr[-2000:]
   final = json.loads(next(line for line in out.stdout.splitlines()

@@ -22,6 +22,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+import conftest  # tests/conftest.py: the XLA flags of the suite's child processes
+
 # Training runs, subprocesses or notebooks: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
 
@@ -129,8 +131,8 @@ def _kernel_env(workdir: Path, no_imagenet: Path) -> dict[str, str]:
   env = dict(os.environ, DATEOPT_NOTEBOOK_SMALL="1", DATEOPT_NOTEBOOK_WORKDIR=str(workdir),
              DATEOPT_IMAGENET_DATA_DIR=str(no_imagenet), JAX_PLATFORMS="cpu")
   # One CPU device, as in a Colab CPU runtime (conftest's 8 simulated devices are for
-  # this process's own tests).
-  env.pop("XLA_FLAGS", None)
+  # this process's own tests), compiled as conftest's other child processes are.
+  env["XLA_FLAGS"] = conftest.CHILD_FLAG
   return env
 
 

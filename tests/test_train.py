@@ -212,7 +212,7 @@ def test_bad_baseline_field_is_named(tmp_path):
 
 def _cli(workdir, *flags, env_devices=8, extra_env=None):
   env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={env_devices} "
-                                  f"{conftest.SLOW_COLLECTIVES}",
+                                  f"{conftest.SLOW_COLLECTIVES} {conftest.CHILD_FLAG}",
              JAX_PLATFORMS="cpu", **(extra_env or {}))
   return ([sys.executable, "-m", "dateopt.cli", "--config",
            os.path.join(REPO, "tests", "tiny_config.py"), "--workdir", str(workdir), *flags],

@@ -324,28 +324,23 @@ def run_cell(cell: Cell, config: ml_collections.ConfigDict, workdir: str) -> dic
   except train.DivergedError as stop:
     return gave_up_row(cell, workdir, reason=str(stop), seconds=time.perf_counter() - start)
   seconds = time.perf_counter() - start
-  metric_rows = read_metrics(workdir)
-  eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
-  noise = measured_noise_scales(metric_rows)
   recipe, metrics = result.recipe, result.train_metrics
-  return {
-      "key": cell.key, **dataclasses.asdict(cell), "batch": recipe.batch_size,
-      "base_batch": result.baseline.batch_size, "num_examples": recipe.num_examples,
-      "steps": result.steps, "examples": result.examples,
+  row = {
+      **_row_from_metrics(cell, read_metrics(workdir), seconds),
+      "batch": recipe.batch_size, "base_batch": result.baseline.batch_size,
+      "num_examples": recipe.num_examples, "steps": result.steps, "examples": result.examples,
       "largest_batch": result.largest_batch_size,
       "epochs": result.examples / recipe.num_examples,
       "predicted_steps": result.predicted_steps,
       "final_accuracy": float(result.eval_metrics["accuracy"]),
-      "best_accuracy": max(eval_accuracy, default=math.nan),
-      "wall_seconds": seconds,
       "guard_skipped": int(metrics.get("guard/num_skipped", 0)),
       "guard_lr_multiplier": float(metrics.get("guard/lr_multiplier", 1.0)),
-      "noise_scale_median": finite_median(noise),
-      **run_health(metric_rows),
-      "noise_scales": noise if cell.strategy == "baseline" else [],
-      "eval_steps": eval_steps, "eval_accuracy": eval_accuracy,
-      **language_model_row(result, metric_rows),
   }
+  if result.tokens is not None:  # a text workload: its final validation loss and tokens
+    row.update(final_loss=float(result.eval_metrics["loss"]),
+               final_bits_per_byte=float(result.eval_metrics.get("bits_per_byte", math.nan)),
+               tokens=result.tokens)
+  return row
 
 
 def gave_up_row(cell: Cell, workdir: str, *, reason: str, seconds: float) -> dict[str, Any]:
@@ -355,32 +350,44 @@ def gave_up_row(cell: Cell, workdir: str, *, reason: str, seconds: float) -> dic
   metric_rows = read_metrics(workdir)
   with open(os.path.join(workdir, "recipe.json"), encoding="utf-8") as f:
     recipe = json.load(f)
+  planned = recipe["planned"]
+  row = _row_from_metrics(cell, metric_rows, seconds)
   trained = [r for r in metric_rows if "train/loss" in r]
-  eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
   last = trained[-1] if trained else {}
   examples = int(last.get("train/examples_seen", 0))
-  num_examples = recipe["planned"]["num_examples"]
-  row = {"key": cell.key, **dataclasses.asdict(cell), "batch": recipe["planned"]["batch_size"],
-         "base_batch": recipe["baseline"]["batch_size"], "num_examples": num_examples,
-         "steps": int(last.get("step", 0)), "examples": examples,
-         "largest_batch": int(max((r.get("train/batch_size", 0) for r in trained), default=0)),
-         "epochs": examples / num_examples, "predicted_steps": None,
-         "guard_skipped": int(last.get("train/guard/num_skipped", 0)),
-         "guard_lr_multiplier": float(last.get("train/guard/lr_multiplier", 1.0)),
-         "noise_scale_median": finite_median(measured_noise_scales(metric_rows)),
-         "final_accuracy": eval_accuracy[-1] if eval_accuracy else math.nan,
-         "best_accuracy": max(eval_accuracy, default=math.nan), "wall_seconds": seconds,
-         "gave_up": True, "stopped": (reason.splitlines() or ["(no reason given)"])[0],
-         **run_health(metric_rows),
-         "noise_scales": [], "eval_steps": eval_steps, "eval_accuracy": eval_accuracy}
-  if any("train/tokens_seen" in r for r in trained):  # a language model: `language_model_row`'s
-    _, eval_loss = metric_curve(metric_rows, "eval/loss")
-    eval_tokens, eval_bits = metric_curve(metric_rows, "eval/bits_per_byte",
-                                          x="eval/tokens_seen")
-    row.update(final_loss=eval_loss[-1] if eval_loss else math.nan,
+  row.update(
+      batch=planned["batch_size"], base_batch=recipe["baseline"]["batch_size"],
+      num_examples=planned["num_examples"], steps=int(last.get("step", 0)), examples=examples,
+      largest_batch=int(max((r.get("train/batch_size", 0) for r in trained), default=0)),
+      epochs=examples / planned["num_examples"], predicted_steps=None,
+      final_accuracy=row["eval_accuracy"][-1] if row["eval_accuracy"] else math.nan,
+      guard_skipped=int(last.get("train/guard/num_skipped", 0)),
+      guard_lr_multiplier=float(last.get("train/guard/lr_multiplier", 1.0)),
+      gave_up=True, stopped=(reason.splitlines() or ["(no reason given)"])[0])
+  if "eval_loss" in row:  # a text workload: its last validation loss, and the tokens seen
+    _, eval_bits = metric_curve(metric_rows, "eval/bits_per_byte")
+    row.update(final_loss=row["eval_loss"][-1] if row["eval_loss"] else math.nan,
                final_bits_per_byte=eval_bits[-1] if eval_bits else math.nan,
-               tokens=int(last.get("train/tokens_seen", 0)), eval_loss=eval_loss,
-               eval_tokens=eval_tokens)
+               tokens=int(last.get("train/tokens_seen", 0)))
+  return row
+
+
+def _row_from_metrics(cell: Cell, metric_rows: Sequence[Mapping[str, Any]],
+                      seconds: float) -> dict[str, Any]:
+  """The fields of a cell's row that its metrics log holds, however the run ended: the eval
+  curve and its best point, the noise scales measured, the run's health, and for a text
+  workload (one that logs `train/tokens_seen`) the validation loss curve against the tokens
+  seen at each of its points."""
+  eval_steps, eval_accuracy = metric_curve(metric_rows, "eval/accuracy")
+  noise = measured_noise_scales(metric_rows)
+  row = {"key": cell.key, **dataclasses.asdict(cell), "wall_seconds": seconds,
+         "best_accuracy": max(eval_accuracy, default=math.nan),
+         "noise_scale_median": finite_median(noise), **run_health(metric_rows),
+         "noise_scales": noise if cell.strategy == "baseline" else [],
+         "eval_steps": eval_steps, "eval_accuracy": eval_accuracy}
+  if any("train/tokens_seen" in r for r in metric_rows):
+    _, row["eval_loss"] = metric_curve(metric_rows, "eval/loss")
+    row["eval_tokens"], _ = metric_curve(metric_rows, "eval/loss", x="eval/tokens_seen")
   return row
 
 
@@ -410,16 +417,3 @@ def _lr_and_trend(metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   trend = (statistics.mean(losses[-quarter:]) / statistics.mean(losses[-2 * quarter:-quarter])
            if quarter else math.nan)
   return {"peak_lr": max(lrs, default=math.nan), "loss_trend": trend}
-
-
-def language_model_row(result, metric_rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-  """A text workload's row fields: the final validation loss (nats), bits per byte where a
-  token is a byte, the tokens trained on, and the validation loss curve with the tokens seen
-  at each of its points; {} for a classifier."""
-  if result.tokens is None:
-    return {}
-  _, eval_loss = metric_curve(metric_rows, "eval/loss")
-  eval_tokens, _ = metric_curve(metric_rows, "eval/loss", x="eval/tokens_seen")
-  return {"final_loss": float(result.eval_metrics["loss"]),
-          "final_bits_per_byte": float(result.eval_metrics.get("bits_per_byte", math.nan)),
-          "tokens": result.tokens, "eval_loss": eval_loss, "eval_tokens": eval_tokens}
