@@ -93,11 +93,10 @@ def mesh8():
 # longest first. `make test` hands files to its two workers in collection order
 # (--no-loadscope-reorder): starting these first keeps one worker from running a long file
 # alone at the end. A stale list only costs time.
-LONGEST_FILES = ("test_faults.py", "test_batch_growth.py", "test_train.py", "test_lm_training.py",
-                 "test_notebooks.py", "test_study.py", "test_divergence.py", "test_tpu_vm.py",
-                 "test_docs.py", "test_polish.py", "test_grad_accum.py",
-                 "test_schedule_comparison.py", "test_transformer.py", "test_engine_replay.py",
-                 "test_main_job.py")
+LONGEST_FILES = ("test_faults.py", "test_lm_training.py", "test_train.py", "test_batch_growth.py",
+                 "test_notebooks.py", "test_study.py", "test_divergence.py", "test_docs.py",
+                 "test_schedule_comparison.py", "test_engine_replay.py", "test_polish.py",
+                 "test_transformer.py", "test_grad_accum.py", "test_main_job.py")
 
 
 def _file_rank(item) -> int:
