@@ -50,9 +50,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
 # The runs that tests start in other processes (the CLI, scripts, notebook kernels) compile
-# with LLVM's optimizations off (`--xla_backend_optimization_level=0`): a 30-step run of the
-# tiny LSTM takes a quarter less CPU time (14-15 s -> 10.5-11.5 s), almost all of it compile,
-# and `make test` 982 s -> 822 s on 2 cores. This process and its pytest workers keep XLA's
+# with LLVM's optimizations off (`--xla_backend_optimization_level=0`), which cuts their
+# compile time, most of their run: `make test` took 982 s before and 806 s after on 2 cores
+# (b6796b7, a clean clone). This process and its pytest workers keep XLA's
 # defaults, as a user's run has them: at another optimization level the last bit of a float
 # can change, and the tests that compare two programs bit for bit (tests/test_guard.py) or
 # replay a run recorded at the defaults (tests/test_engine_replay.py) rightly fail, and so
