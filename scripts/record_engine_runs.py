@@ -2,16 +2,16 @@
 each showing one of DATE's phases at work, kept as their `recipe.json` and a gzipped
 `engine.jsonl` under tests/data/engine_runs/<name>/.
 
-- plateau: the study LSTM grown to 64x (seed 0), on the chance plateau for its first steps;
+- plateau: the study LSTM grown to 64x (seed 0), on the chance plateau for its first steps,
+  its loss rising for a while later (a hold);
 - lm_climb: the study's Transformer LM grown to 64x (seed 0), its batch climbing from 4 to 128
   (`dateopt/configs/study_lm_shakespeare.py`);
 - resnet_climb: the study ResNet (LARS, `dateopt/configs/study_mnist1d_resnet.py`) grown to
   64x (seed 0);
 - spike: the main job's LSTM with its gradient multiplied by 1,000 at step 50, a jump the
-  engine skips; its loss rises for a while later (a hold) (`scripts/divergence_evidence.py`'s
-  `main_job_explode_at_50`);
-- divergence: the main job's LSTM at 1,000x its LR, which the watch stops
-  (`main_job_lr_x1000`).
+  engine skips (`scripts/divergence_evidence.py`'s `main_job_explode_at_50`);
+- divergence: the main job's LSTM at 1,000x its LR, whose gradients explode: the engine skips
+  them, and gives up once they have used its patience (`main_job_lr_x1000`).
 
 The test replays each with `dateopt.train.replay_run` and asks for every decision bit for bit:
 a change to the engine that changes what it decides on any of them shows up there. After

@@ -165,9 +165,10 @@ def test_a_loop_that_follows_late_is_credited_the_batch_it_really_had():
   assert float(state.progress) - before == pytest.approx(1.0)  # gain of 32 over 32
 
 
-def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root_gain():
+def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs():
   """A plateau's measured noise scale is high: the batch climbs from its first look to
-  EARLY_RUNGS × B0 (512), at a gain held to √(B/B0), and the rest waits for the run to learn."""
+  EARLY_RUNGS × B0 (512), at AdaScale's gain for each rung, and the rest waits for the run to
+  learn."""
   assert date.EngineConfig().early_rungs * 32 == 512
   tx = _engine(date.batch_ladder(32, 1024), warmup=50)
   params = {"w": jnp.ones(2)}
@@ -183,22 +184,16 @@ def test_before_the_run_has_learnt_the_batch_climbs_to_the_early_rungs_at_a_root
   # those at 100 and 120 wait.
   assert seen[:80] == [32] * 20 + [64] * 20 + [128] * 20 + [256] * 20
   assert seen[80:140] == [512] * 60
-  # The measured gain at B_noise 1,000 is 1.94 / 3.76 / 7.10 / 10.9; held to √2, √4, √8, √16.
-  for batch, gain in zip(seen[:137], gains[:137]):
-    assert gain == pytest.approx(min(np.sqrt(batch / 32), noise_lib.adascale_gain(1000.0, 32, batch)),
-                                 rel=1e-6)
   # The watch's mean (decay 0.95) is 2.04 after the 1.9s and reaches 0.8 · 2.3 = 1.84 at the
-  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024; the gain, free,
-  # rises at most `gain_rise` a step from √16.
+  # 8th 1.4 (1.4 + 0.64 · 0.95⁸ = 1.82): the look at step 140 climbs to 1,024.
   assert seen[140:] == [1024] * 20
-  rise = 1 + date.EngineConfig().gain_rise
-  assert gains[137:139] == pytest.approx([4 * rise, 4 * rise ** 2], rel=1e-6)
+  # B_noise 1,000 at every rung: the gain is 1.94 / 3.66 / 6.57 / 10.9 / 16.3.
+  assert gains == pytest.approx([noise_lib.adascale_gain(1000.0, 32, b) for b in seen], rel=1e-5)
 
 
-def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
-  """At a fixed batch of 256 from 32 the plateau's readings (B_noise 1,000, gain 6.57) are not
-  resolved either: the gain is held to √8 until the run has learnt, then rises at most
-  `gain_rise` a step (the step after the mean reaches 0.8 · 2.3, as in the grown test above)."""
+def test_a_fixed_batch_on_a_plateau_takes_adascale_s_gain():
+  """At a fixed batch of 256 from 32 the gain is AdaScale's (6.57 at B_noise 1,000) on the
+  plateau as after it: the phase sets where the batch goes, not the gain."""
   tx = date.adaptive(lambda learning_rate: optax.sgd(learning_rate),
                      optax.constant_schedule(0.1), base_batch_size=32, batch_size=256,
                      base_steps=10_000, warmup_steps=50)
@@ -208,10 +203,7 @@ def test_a_fixed_batch_holds_its_gain_to_root_k_until_the_run_has_learnt():
     _, state = update({"w": jnp.ones(2)}, state, params, grad_sq_norms=_sq_norms(1000.0, 256),
                       value=loss)
     gains.append(float(state.gain))
-  assert noise_lib.adascale_gain(1000.0, 32, 256) == pytest.approx(6.57, abs=0.01)  # the hold binds
-  assert gains[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
-  rise = 1 + date.EngineConfig().gain_rise
-  assert gains[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
+  assert gains == pytest.approx([noise_lib.adascale_gain(1000.0, 32, 256)] * 100, rel=1e-5)
 
 
 def test_the_early_climb_stops_below_the_largest_rung():
@@ -392,11 +384,17 @@ def test_the_predicted_budget_is_the_engines_own_play_out(ladder, losses):
 
 def test_a_loss_profile_plays_out_the_plateau_and_a_run_that_never_learns_gives_up():
   kwargs = dict(base_batch_size=32, batch_sizes=(512,), base_steps=1500, warmup_steps=30)
+  losses = [2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6]
   falling = date.predicted_budget(200.0, **kwargs)
-  plateau = date.predicted_budget(200.0, losses=[2.3, 2.25, 1.6, 1.1, 0.9, 0.8, 0.7, 0.6],
-                                  **kwargs)
+  plateau = date.predicted_budget(200.0, losses=losses, **kwargs)
   assert plateau["phase"] == falling["phase"] == "done"
-  assert plateau["steps"] > falling["steps"]  # the gain held to √k until the loss has fallen
+  # At a fixed batch a plateau's step takes AdaScale's gain like any other.
+  assert plateau["steps"] == falling["steps"]
+  # On a ladder the plateau's early climb starts at the first look, inside the warmup.
+  ladder = dict(kwargs, batch_sizes=date.batch_ladder(32, 2048))
+  climbing = date.predicted_budget(2000.0, losses=losses, **ladder)
+  assert climbing["phase"] == "done"
+  assert climbing["steps"] < date.predicted_budget(2000.0, **ladder)["steps"]
   # A loss that has not fallen by a quarter of the progress: the watch's no-learning rule.
   assert date.predicted_budget(200.0, losses=[2.3, 2.3], **kwargs)["phase"] == "gave_up"
   with pytest.raises(ValueError, match="losses"):

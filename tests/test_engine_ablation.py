@@ -49,7 +49,7 @@ def _run(tx, steps, state=None):
 
 
 def test_every_rule_has_a_name_and_a_bad_name_is_refused():
-  assert len(set(ENGINE_RULES)) == len(ENGINE_RULES) == 11
+  assert len(set(ENGINE_RULES)) == len(ENGINE_RULES) == 10
   assert check_rules_off(()) == frozenset()
   with pytest.raises(ValueError, match=r"rules_off must be one of .*; got 'early_clim'\."):
     check_rules_off(["early_clim"])
@@ -61,18 +61,20 @@ def test_every_rule_has_a_name_and_a_bad_name_is_refused():
     _engine(rules_off=("warmup",))
 
 
-def test_gain_rise_bound_off_a_released_gain_takes_the_measured_one_at_once():
-  """test_batch_growth's fixed-batch plateau: the gain is held to √8 until the run has learnt
-  (step 77), then rises at most `gain_rise` a step toward the measured 6.57; without the
-  bound it takes the measured gain at once."""
-  steps = [(1000.0, 2.3)] * 50 + [(1000.0, 1.9)] * 20 + [(1000.0, 1.4)] * 30
-  fixed = dict(batch_size=256, warmup_steps=50)
-  _, _, bounded = _run(_engine(**fixed), steps)
-  _, _, free = _run(_engine(("gain_rise_bound",), **fixed), steps)
-  assert bounded[:77] == free[:77] == pytest.approx([np.sqrt(8)] * 77, rel=1e-6)
+def test_gain_rise_bound_off_a_jump_in_the_noise_scale_is_taken_at_once():
+  """At a fixed batch of 256 the noise scale jumps from 10 to 1,000 at step 30 (the readings
+  as read in both runs): the bound lets the gain rise at most `gain_rise` a step; without it
+  the gain is the measured one at once, and the two meet once the measured gain rises slower."""
+  steps = [(10.0, None)] * 30 + [(1000.0, None)] * 10
+  fixed = dict(batch_size=256, warmup_steps=0)
+  _, _, bounded = _run(_engine(("winsorized_readings",), **fixed), steps)
+  _, _, free = _run(_engine(("winsorized_readings", "gain_rise_bound"), **fixed), steps)
+  start = noise_lib.adascale_gain(10.0, 32, 256)  # 1.26
+  assert bounded[:30] == free[:30] == pytest.approx([start] * 30, rel=1e-5)
   rise = 1 + date.EngineConfig().gain_rise
-  assert bounded[77:79] == pytest.approx([np.sqrt(8) * rise, np.sqrt(8) * rise ** 2], rel=1e-6)
-  assert free[77] == pytest.approx(noise_lib.adascale_gain(1000.0, 32, 256), rel=1e-5)
+  assert bounded[30:34] == pytest.approx([start * rise ** i for i in range(1, 5)], rel=1e-5)
+  assert free[30] > start * rise ** 2 and all(f > b for f, b in zip(free[30:34], bounded[30:34]))
+  assert free[34:] == bounded[34:]
 
 
 def test_rising_hold_off_a_rising_loss_is_measured_and_walked_at_its_gain():
@@ -84,15 +86,6 @@ def test_rising_hold_off_a_rising_loss_is_measured_and_walked_at_its_gain():
   # Not reset to 1: the gain follows the rising loss's readings up.
   assert free_gains[-1] > free_gains[len(learnt) - 1] > 5
   assert float(noise_scale(free.noise)) > float(noise_scale(held.noise))  # measured
-
-
-def test_gain_hold_until_learnt_off_a_plateau_takes_its_measured_gain():
-  steps = [(1000.0, 2.3)] * 60  # never learnt
-  fixed = dict(batch_size=256, warmup_steps=50)
-  _, _, held = _run(_engine(**fixed), steps)
-  _, _, free = _run(_engine(("gain_hold_until_learnt",), **fixed), steps)
-  assert held == pytest.approx([np.sqrt(8)] * 60, rel=1e-6)
-  assert free[-1] == pytest.approx(noise_lib.adascale_gain(1000.0, 32, 256), rel=1e-5)  # 6.57
 
 
 def test_early_climb_off_the_batch_waits_for_the_run_to_learn():

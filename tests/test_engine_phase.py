@@ -112,8 +112,7 @@ def test_each_step_does_what_its_phase_s_row_of_the_table_says():
     measured = state.noise.count > before.noise.count
     assert bool(measured) == rule.measures, (name, loss)
     gain, batch = float(state.gain), int(before.batch_size)
-    bound = {"none": float("inf"), "root_batch": (batch / 32) ** 0.5,
-             "no_rise": float(before.gain), "one": 1.0}[rule.gain]
+    bound = {"none": float("inf"), "no_rise": float(before.gain), "one": 1.0}[rule.gain]
     assert gain <= bound * (1 + 1e-6), (name, gain, bound)
     if rule.climb == "stay":
       assert int(state.batch_size) == batch, name

@@ -44,7 +44,7 @@ class EngineConfig:
     gain_rise: the largest relative rise of the gain in one step once `warm_in`
       measurements are in (AdaScale's gain moves slowly on a healthy run).
     early_rungs: before the run has learnt, a growing batch climbs to at most this
-      many times its first rung, with the gain held to √(B/B0) (LEGW's LR there).
+      many times its first rung (a plateau's noise readings are not resolved).
     step_price: the growth rule's price of a step in examples of the largest batch:
       climb from B to B' once B·B' ≤ step_price·B_max·B_noise (McCandlish et al.
       2018's B* = √(λ·B_noise) at λ = step_price·B_max).

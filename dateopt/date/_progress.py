@@ -44,8 +44,7 @@ before the run has learnt (its smoothed loss 2·`hold_share` below its start,
 `dateopt.date._divergence.has_learnt`, when the loss is given as `value=`): a
 plateau's noise readings are not resolved, and a gain or a batch taken from them
 over-drives the LR. Up to that rung it climbs from its first look, warmup or
-not, with the gain held to √(B/B0) until the run has learnt: a batch a few times
-the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
+not: a batch a few times the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
 'The early climb'). Nor does it climb while the divergence watch holds the gain (a
 rising loss): a rung is never given back. The gain and
 the progress are those of the batch each step really had
@@ -63,10 +62,7 @@ divergence guard skipped credits nothing, one whose LR it backed off credits
 that share (`lr_multiplier=`, which the guard passes). The gain may rise at
 most `gain_rise` per step after its first `warm_in` measurements, and not
 at all while the |G|² estimate is ≤ 0 (the noise then swamps the signal, and
-the gain would jump to k). Until the run has learnt the gain is held to
-√(B/B0), at a fixed batch as on a growing one: a plateau's readings are not resolved
-at any batch (the evidence: docs/results/engine_rules.md, 'The gain hold until the run
-has learnt'). Each noise reading is winsorized against the EMAs
+the gain would jump to k). Each noise reading is winsorized against the EMAs
 (`dateopt.date._noise.clip_readings`), so that one spike cannot triple the
 noise scale, and with it the gain, within a growth interval. With the loss as `value=`,
 `dateopt.date._divergence` watches the run. A step whose gradient jumps
@@ -187,8 +183,8 @@ class AdaptiveState(NamedTuple):
 #: The engine's rules that `adaptive(..., rules_off=...)` switches off, one name each, so that
 #: an ablation can measure what each buys (`python -m dateopt.study --ablate`). The last three
 #: are the divergence watch's ways into a diverged phase (`dateopt.date._divergence`).
-ENGINE_RULES = ("gain_rise_bound", "rising_hold", "gain_hold_until_learnt", "early_climb", "credited_noise", "winsorized_readings", "signal_horizon",
-                "gradient_jump_skip") + DIVERGENCE_RULES
+ENGINE_RULES = ("gain_rise_bound", "rising_hold", "early_climb", "credited_noise",
+                "winsorized_readings", "signal_horizon", "gradient_jump_skip") + DIVERGENCE_RULES
 #: The rules that only a growing batch has: on a fixed batch, one of them off changes nothing.
 LADDER_RULES = ("credited_noise", "early_climb")
 
@@ -319,8 +315,8 @@ class PhaseRule(NamedTuple):
 
   Attributes:
     gain: the bound on AdaScale's gain (after its warm-in and rise bound,
-      `bounded_gain`): "none"; "root_batch", √(B/B0) at the step's batch B;
-      "no_rise", the last step's gain; "one", the baseline's pace.
+      `bounded_gain`): "none"; "no_rise", the last step's gain; "one", the
+      baseline's pace.
     measures: whether the step's noise readings enter the EMAs.
     climb: where the batch asked of the next step goes on a ladder: "growth_rule"
       (`wants_next_rung`), "early_rungs" (the growth rule up to `early_rungs` × the
@@ -335,28 +331,26 @@ class PhaseRule(NamedTuple):
 #: The controller's table: the gain, the measurement and the climb in each phase the loss
 #: puts a step in (`loss_phase`). LEGW's warmup ramps the LR whatever the phase; a run that
 #: is done, or gave up, takes no step. Why each row (docs/results/engine_rules.md):
-#: a plateau's noise readings are not resolved, at any batch ('The gain hold until the run
-#: has learnt', 'The early climb'); a rising loss's gradient noise, and a diverged run's,
-#: are the run's own ('The rising-loss hold', 'The divergence watch').
+#: a plateau's noise readings are not resolved, so its batch climbs only to the early rungs
+#: ('The early climb'); a rising loss's gradient noise, and a diverged run's, are the run's
+#: own ('The rising-loss hold', 'The divergence watch').
 PHASE_RULES = {
     "learning": PhaseRule(gain="none", measures=True, climb="growth_rule"),
-    "plateau": PhaseRule(gain="root_batch", measures=True, climb="early_rungs"),
+    "plateau": PhaseRule(gain="none", measures=True, climb="early_rungs"),
     "hold": PhaseRule(gain="one", measures=False, climb="stay"),
     "diverged": PhaseRule(gain="no_rise", measures=False, climb="stay"),
 }
 
 
 def phase_rules(rules_off: frozenset[str] = frozenset()) -> dict[str, PhaseRule]:
-  """`PHASE_RULES` less the `rules_off` that are a row's entry: "gain_hold_until_learnt"
-  (a plateau's gain unbounded) and "early_climb" (a plateau's batch stays).
+  """`PHASE_RULES` less the `rules_off` that are a row's entry: "early_climb" (a plateau's
+  batch stays).
 
   Example:
     >>> phase_rules(frozenset({"early_climb"}))["plateau"]
-    PhaseRule(gain='root_batch', measures=True, climb='stay')
+    PhaseRule(gain='none', measures=True, climb='stay')
   """
   plateau = PHASE_RULES["plateau"]
-  if "gain_hold_until_learnt" in rules_off:
-    plateau = plateau._replace(gain="none")
   if "early_climb" in rules_off:
     plateau = plateau._replace(climb="stay")
   return dict(PHASE_RULES, plateau=plateau)
@@ -639,7 +633,7 @@ def _decide(engine: _Engine, state: AdaptiveState, *, grad_sq_norms, loss, lr_mu
   measured = gain_from_estimates(read, engine.base_batch_size, step_batch)
   settled = _settled_gain(measured, state, (noise.grad_sq_ema > 0) & healthy, step_batch,
                           engine.config, engine.off, healthy)
-  gain = _phase_gain(engine, state, rules, now, settled, step_batch)
+  gain = _phase_gain(state, rules, now, settled)
   ramp = _legw_ramp(state.count, engine.warmup_steps)
   lr_factor = _gain_multiplier(gain, engine.gain_rule)
   lr = ramp * lr_factor * engine.base_schedule(
@@ -744,12 +738,11 @@ def _step_reading(engine: _Engine, state: AdaptiveState, noise, grad_sq_norms):
                                     exponent=engine.noise_batch_exponent)
 
 
-def _phase_gain(engine: _Engine, state: AdaptiveState, rules, now, settled, step_batch):
+def _phase_gain(state: AdaptiveState, rules, now, settled):
   """The gain the step applies: the settled gain (`_settled_gain`) under the bound its
   phase's rule sets (`PhaseRule.gain`)."""
-  root_batch = jnp.sqrt(jnp.asarray(step_batch, jnp.float32) / engine.base_batch_size)
-  bounds = {"none": settled, "root_batch": jnp.minimum(settled, root_batch),
-            "no_rise": jnp.minimum(settled, state.gain), "one": jnp.ones_like(settled)}
+  bounds = {"none": settled, "no_rise": jnp.minimum(settled, state.gain),
+            "one": jnp.ones_like(settled)}
   return _by_phase(rules, now, "gain", bounds)
 
 
