@@ -44,8 +44,8 @@ before the run has learnt (its smoothed loss 2·`hold_share` below its start,
 `dateopt.date._divergence.has_learnt`, when the loss is given as `value=`): a
 plateau's noise readings are not resolved, and a gain or a batch taken from them
 over-drives the LR. Up to that rung it climbs from its first look, warmup or
-not: a batch a few times the baseline's gets off the plateau sooner (the evidence: docs/results/engine_rules.md,
-'The early climb'). Nor does it climb while the divergence watch holds the gain (a
+not: a batch a few times the baseline's gets off the plateau sooner (the
+evidence: docs/results/engine_rules.md, 'The early climb'). Nor does it climb while the divergence watch holds the gain (a
 rising loss): a rung is never given back. The gain and
 the progress are those of the batch each step really had
 (`GradientSqNorms.big_batch_size`), so a loop that follows the engine late
