@@ -49,30 +49,84 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
-# The runs that tests start in other processes (the CLI, scripts, notebook kernels) compile
-# with LLVM's optimizations off (`--xla_backend_optimization_level=0`), which cuts their
-# compile time, most of their run: `make test` took 982 s before and 806 s after on 2 cores
-# (b6796b7, a clean clone). This process and its pytest workers keep XLA's
-# defaults, as a user's run has them: at another optimization level the last bit of a float
-# can change, and the tests that compare two programs bit for bit (tests/test_guard.py) or
-# replay a run recorded at the defaults (tests/test_engine_replay.py) rightly fail, and so
-# do the subprocess runs at 1,000x the LR of tests/test_divergence.py, whose own flags keep
-# the defaults (at O0 the watch gives that run up as not learning, not as diverged). The flag
-# is taken off before this process's backend starts, and put back for its children after.
+# Every run of the suite compiles with LLVM's optimizations off
+# (`--xla_backend_optimization_level=0`), this process, its pytest workers and the runs they
+# start in other processes (the CLI, scripts, notebook kernels): compiling is most of a tiny
+# run. `make test` took 982 s with none of them at O0 and 806 s with the child processes at O0
+# (b6796b7, 2 cores of an Intel Xeon); the workers at O0 too cut tests/test_lm_training.py
+# from 108 s to 84 s. A test that compares with XLA's default code generation (a run recorded
+# at the defaults, two programs bit for bit: at another optimization level the last bit of a
+# float can change) is marked `xla_defaults` and runs in a child pytest at the defaults
+# (`pytest_pyfunc_call` below); that child keeps the defaults for its own process only.
 CHILD_FLAG = "--xla_backend_optimization_level=0"
+AT_XLA_DEFAULTS = "DATEOPT_TESTS_AT_XLA_DEFAULTS"
 os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].replace(CHILD_FLAG, "").strip()
+if not os.environ.get(AT_XLA_DEFAULTS):
+  os.environ["XLA_FLAGS"] += " " + CHILD_FLAG
 
 import jax  # noqa: E402  (must come after XLA_FLAGS)
 
 jax.config.update("jax_enable_x64", False)
 jax.devices()  # this process's backend starts with the flags above
-os.environ["XLA_FLAGS"] += " " + CHILD_FLAG
+if CHILD_FLAG not in os.environ["XLA_FLAGS"]:  # a child at the defaults: its own children at O0
+  os.environ["XLA_FLAGS"] += " " + CHILD_FLAG
 
+
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
 import tiny_config  # noqa: E402  (tests/tiny_config.py)
 from dateopt.train import parallel  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  """A test marked `xla_defaults` runs at XLA's default optimization level (see `CHILD_FLAG`):
+  the first such test of a file runs all of the file's in one child pytest, and each takes
+  its outcome from the child's report (a failure quotes it)."""
+  if pyfuncitem.get_closest_marker("xla_defaults") is None or os.environ.get(AT_XLA_DEFAULTS):
+    return None
+  outcomes = _AT_DEFAULTS.get(pyfuncitem.path)
+  if outcomes is None:
+    outcomes = _AT_DEFAULTS[pyfuncitem.path] = _run_at_xla_defaults(
+        [item for item in pyfuncitem.session.items if item.path == pyfuncitem.path
+         and item.get_closest_marker("xla_defaults") is not None], pyfuncitem.config)
+  outcome, text = outcomes.get(pyfuncitem.name, ("failure", "the child pytest did not run it"))
+  if outcome == "skipped":
+    pytest.skip(text)
+  if outcome != "passed":
+    pytest.fail(f"at XLA's defaults, in a child pytest:\n{text}", pytrace=False)
+  return True
+
+
+_AT_DEFAULTS: dict = {}  # a test file -> {test name: (outcome, what the child said)}
+
+
+def _run_at_xla_defaults(items, config) -> dict:
+  """Runs `items` (of one file) in one child pytest at XLA's defaults: {test name:
+  ("passed" | "failure" | "error" | "skipped", the child's report)}."""
+  import tempfile
+  import xml.etree.ElementTree as ElementTree
+  env = dict(os.environ, **{AT_XLA_DEFAULTS: "1"})
+  env["XLA_FLAGS"] = env["XLA_FLAGS"].replace(CHILD_FLAG, "").strip()
+  with tempfile.TemporaryDirectory() as folder:
+    report = os.path.join(folder, "report.xml")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", f"--junitxml={report}",
+                           *[item.nodeid for item in items]],
+                          cwd=str(config.rootpath), env=env, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    if not os.path.exists(report):
+      return {item.name: ("error", done.stdout[-6000:] + done.stderr[-2000:]) for item in items}
+    cases = list(ElementTree.parse(report).getroot().iter("testcase"))
+  outcomes = {}
+  for case in cases:
+    said = [(child.tag, (child.text or child.get("message", ""))[-6000:]) for child in case
+            if child.tag in ("failure", "error", "skipped")]
+    outcomes[case.get("name")] = said[0] if said else ("passed", "")
+  return outcomes
 
 
 @pytest.fixture
@@ -93,10 +147,10 @@ def mesh8():
 # longest first. `make test` hands files to its two workers in collection order
 # (--no-loadscope-reorder): starting these first keeps one worker from running a long file
 # alone at the end. A stale list only costs time.
-LONGEST_FILES = ("test_faults.py", "test_lm_training.py", "test_train.py", "test_batch_growth.py",
-                 "test_notebooks.py", "test_study.py", "test_divergence.py", "test_docs.py",
-                 "test_schedule_comparison.py", "test_engine_replay.py", "test_polish.py",
-                 "test_transformer.py", "test_grad_accum.py", "test_main_job.py")
+LONGEST_FILES = ("test_faults.py", "test_batch_growth.py", "test_train.py", "test_lm_training.py",
+                 "test_notebooks.py", "test_divergence.py", "test_study.py", "test_docs.py",
+                 "test_engine_replay.py", "test_transformer.py", "test_schedule_comparison.py",
+                 "test_grad_accum.py", "test_polish.py", "test_main_job.py", "test_guard.py")
 
 
 def _file_rank(item) -> int:

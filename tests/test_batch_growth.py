@@ -534,6 +534,7 @@ def test_trainer_grows_on_8_devices_compiles_once_per_rung_and_logs_every_batch(
   assert losses(ahead_rows) == losses(rows) and ahead.examples == result.examples
 
 
+@pytest.mark.xla_defaults  # running its accumulated steps, not compiling them, is its time
 def test_trainer_grows_with_gradient_accumulation_and_rungs_compiled_ahead(tmp_path):
   # Noise measured on 1 step in 2: two programs a rung (measuring or not), and the compile
   # thread builds both for the rung above the first. Up to 32: two rungs, four programs.

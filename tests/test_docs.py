@@ -42,7 +42,13 @@ def shell_lines(page: pathlib.Path) -> list[str]:
   return [line for line in lines if line and not line.startswith("#")]
 
 
-@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)],
+def _at_xla_defaults(page: pathlib.Path):
+  """A page that replays a recorded run bit for bit runs at XLA's defaults (tests/conftest.py)."""
+  replays = any("replay_run(" in block for block in python_blocks(page))
+  return pytest.param(page, marks=pytest.mark.xla_defaults) if replays else page
+
+
+@pytest.mark.parametrize("page", [_at_xla_defaults(p) for p in PAGES if python_blocks(p)],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_every_python_block_runs_as_written(page, capsys):
   namespace = {"__name__": "__docs__"}

@@ -155,6 +155,7 @@ SHOWS = {"plateau": {"warmup", "plateau", "learning", "hold", "done"},
 RECORDED_WITH_JAXLIB = "0.10.2"
 
 
+@pytest.mark.xla_defaults  # the runs were recorded at XLA's defaults
 @pytest.mark.parametrize("name", sorted(SHOWS))
 def test_a_recorded_trainer_run_replays_bit_for_bit(name):
   from dateopt.train import engine_log  # the train extra: the recorded runs' own reader
@@ -175,6 +176,7 @@ def test_a_recorded_trainer_run_replays_bit_for_bit(name):
     assert max(d["batch_size"] for d in report.replayed) >= 64
 
 
+@pytest.mark.xla_defaults
 def test_the_replay_cli_says_where_each_rule_acts_on_a_recorded_run(capsys):
   """The recorded 1000x-LR run's gradients explode from step 91 (the jump skip acts there:
   off, the step is taken and counted) and its loss never relapses; an unknown rule is an

@@ -802,7 +802,8 @@ def test_a_rerun_of_a_finished_adaptive_run_exits_0_with_its_final_metrics(cli, 
   checkpoint (orbax's StepAlreadyExistsError, status 1), a grown run after a row of nulls.
   A growing run: the fixed batch's end is the same check, without the rungs."""
   flags = ("--config.strategy=adaptive", "--config.plan.grow_batch=True",
-           "--config.num_train_steps=-1", "--config.checkpoint_every_steps=20")
+           "--config.num_train_steps=-1", "--config.checkpoint_every_steps=20",
+           "--config.baseline.num_epochs=6")  # 120 steps: it grows, and ends by its progress
   first = cli.run(tmp_path, *flags)
   assert first.returncode == 0, first.stderr[-3000:]
   written = {path: path.read_bytes() for path in sorted(tmp_path.rglob("*")) if path.is_file()}

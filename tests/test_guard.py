@@ -58,6 +58,7 @@ _OPTIMIZERS = {
 }
 
 
+@pytest.mark.xla_defaults  # a user's run, two programs bit for bit
 @pytest.mark.parametrize("optimizer", sorted(_OPTIMIZERS))
 @pytest.mark.parametrize("batch_size,steps", [(16, 300), (512, 100)])
 def test_a_healthy_run_trains_bit_identically_with_the_guard(optimizer, batch_size, steps):

@@ -310,6 +310,7 @@ def test_gpt2_small_has_gpt2s_124m_parameters():
 
 
 @pytest.mark.slow
+@pytest.mark.xla_defaults  # running GPT-2 small's step, not compiling it, is its time
 def test_gpt2_small_trains_one_step():
   model = create_model("transformer_lm", preset="gpt2_small", vocab_size=50257)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50257, (1, 33)), jnp.int32)
