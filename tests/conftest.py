@@ -50,13 +50,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
 # Every run of the suite compiles with LLVM's optimizations off
-# (`--xla_backend_optimization_level=0`), this process, its pytest workers and the runs they
-# start in other processes (the CLI, scripts, notebook kernels): compiling is most of a tiny
-# run. `make test` took 982 s with none of them at O0 and 806 s with the child processes at O0
-# (b6796b7, 2 cores of an Intel Xeon); with the workers at O0 too, 1,062 s -> 850 s (2 cores
-# of an AMD EPYC; `time make test` before and after 0604157). A test that compares with XLA's default code generation (a run recorded
-# at the defaults, two programs bit for bit: at another optimization level the last bit of a
-# float can change) is marked `xla_defaults` and runs in a child pytest at the defaults
+# (`--xla_backend_optimization_level=0`): this process, its pytest workers and the runs they
+# start in other processes (the CLI, scripts, notebook kernels). Compiling is most of a tiny
+# run: `make test` took 982 s with none of them at O0 and 806 s with the child processes at
+# O0 (b6796b7, 2 cores of an Intel Xeon); with the workers at O0 too, 1,062 s -> 850 s (2
+# cores of an AMD EPYC, before and after 0604157). A test that compares with XLA's default
+# code generation (a run recorded at the defaults, two programs bit for bit: at another
+# optimization level the last bit of a float can change), or whose time is running rather
+# than compiling, is marked `xla_defaults` and runs in a child pytest at the defaults
 # (`pytest_pyfunc_call` below); that child keeps the defaults for its own process only.
 CHILD_FLAG = "--xla_backend_optimization_level=0"
 AT_XLA_DEFAULTS = "DATEOPT_TESTS_AT_XLA_DEFAULTS"
