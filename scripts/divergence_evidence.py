@@ -6,7 +6,8 @@ The evidence behind notes/divergence.md ("Evidence"):
   python scripts/divergence_evidence.py healthy --workdir runs/divergence
   python scripts/divergence_evidence.py baselines --workdir runs/divergence
 
-"diverged": the main job's LSTM with 1000x, 100x and 10x its tuned LR; the
+"diverged": the main job's LSTM with 3000x, 1000x, 100x and 10x its tuned LR, and with
+1/10,000 of it (a run that does not learn: its loss stays at chance); the
 scaling study's first-pass LSTM recipe (LR 4e-3, no clipping) at 4x seed 1
 and 32x seeds 1 and 2; the main job's LSTM with its gradient multiplied by
 1,000 at step 50, and at step 500. "healthy": the study's adaptive cells
@@ -22,9 +23,12 @@ ablation `python -m dateopt.study --ablate` measures on the study's cells):
 
   python scripts/divergence_evidence.py diverged --rules-off relapse --workdir runs/div_off
 
-`--seed N` runs the healthy set on another seed:
+`--seed N` runs a set on another seed: the healthy set's runs, the main job's runs of the
+diverged set and of the baselines, and the unclipped study LSTM at 4x and 32x (with its
+baseline) on seed N, each name ending in "_seedN":
 
   python scripts/divergence_evidence.py healthy --only main_job --seed 1 --workdir runs/div_seed1
+  python scripts/divergence_evidence.py diverged --only main_job_lr_x10_seed1 --seed 1 --workdir runs/div_seed1
 """
 
 import argparse
@@ -62,31 +66,49 @@ def _adaptive(path: str, multiple: int | None = None, seed: int = 0, **baseline)
   return config
 
 
-def diverged_runs() -> list[Run]:
-  runs = [Run(f"main_job_lr_x{factor}", _adaptive(MAIN_JOB, learning_rate=2e-3 * factor))
-          for factor in (1000, 100, 10)]
-  for multiple, seed in ((4, 1), (32, 1), (32, 2)):
-    runs.append(Run(f"study_lstm_noclip_{multiple}x_seed{seed}",
-                    _adaptive(STUDY["lstm"], multiple, seed, learning_rate=4e-3,
+def _seeded(seed: int | None) -> tuple[int, str, tuple[int, ...]]:
+  """The main job's seed, the names' ending and the unclipped study LSTM's seeds of a set run
+  on `seed` (None: the set's own seeds)."""
+  if seed is None:
+    return 0, "", (1, 2)
+  return seed, f"_seed{seed}", (seed,)
+
+
+def diverged_runs(seed: int | None = None) -> list[Run]:
+  main_seed, tag, noclip_seeds = _seeded(seed)
+  runs = [Run(f"main_job_lr_x{factor}{tag}",
+              _adaptive(MAIN_JOB, seed=main_seed, learning_rate=2e-3 * factor))
+          for factor in (3000, 1000, 100, 10)]
+  runs.append(Run(f"main_job_lr_x1e-4{tag}",
+                  _adaptive(MAIN_JOB, seed=main_seed, learning_rate=2e-3 * 1e-4)))
+  noclip = ((4, 1), (32, 1), (32, 2)) if seed is None else tuple(
+      (multiple, noclip_seed) for multiple in (4, 32) for noclip_seed in noclip_seeds)
+  for multiple, noclip_seed in noclip:
+    runs.append(Run(f"study_lstm_noclip_{multiple}x_seed{noclip_seed}",
+                    _adaptive(STUDY["lstm"], multiple, noclip_seed, learning_rate=4e-3,
                               grad_clip_norm=None)))
-  runs += [Run(f"main_job_explode_at_{step}", _adaptive(MAIN_JOB), step) for step in (50, 500)]
+  runs += [Run(f"main_job_explode_at_{step}{tag}", _adaptive(MAIN_JOB, seed=main_seed), step)
+           for step in (50, 500)]
   return runs
 
 
-def baseline_runs() -> list[Run]:
+def baseline_runs(seed: int | None = None) -> list[Run]:
   """The baselines the bar is measured from: the main job's, and the unclipped study LSTM's."""
+  main_seed, tag, noclip_seeds = _seeded(seed)
+
   def baseline(path, seed=0, **recipe):
     config = _adaptive(path, seed=seed, **recipe)
     config.strategy, config.batch_size = "legw", None  # the tuned recipe as it is
     return config
 
-  return [Run("main_job_baseline", baseline(MAIN_JOB))] + [
-      Run(f"study_lstm_noclip_baseline_seed{seed}",
-          baseline(STUDY["lstm"], seed, learning_rate=4e-3, grad_clip_norm=None))
-      for seed in (1, 2)] + [
+  return [Run(f"main_job_baseline{tag}", baseline(MAIN_JOB, main_seed))] + [
+      Run(f"study_lstm_noclip_baseline_seed{noclip_seed}",
+          baseline(STUDY["lstm"], noclip_seed, learning_rate=4e-3, grad_clip_norm=None))
+      for noclip_seed in noclip_seeds] + [
       # The diverged set's bad LRs at the baseline's batch, with no engine: what the recipe
       # itself gives, so a diverged run is told apart from a recipe that learns badly.
-      Run(f"main_job_baseline_lr_x{factor}", baseline(MAIN_JOB, learning_rate=2e-3 * factor))
+      Run(f"main_job_baseline_lr_x{factor}{tag}",
+          baseline(MAIN_JOB, main_seed, learning_rate=2e-3 * factor))
       for factor in (1000, 100, 10)]
 
 
@@ -155,16 +177,18 @@ def main():
   parser.add_argument("--only", default=None)
   parser.add_argument("--multiples", default="2,4,8,16,32,64")
   parser.add_argument("--workloads", default="lstm,resnet")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="the seed of the healthy set's runs (the others have theirs)")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="run the set on this seed (default: each run's own; the healthy "
+                           "set's is 0)")
   parser.add_argument("--rules-off", default="", metavar="RULES",
                       help="engine rules switched off in every run (config.engine_rules_off)")
   args = parser.parse_args()
   logging.set_verbosity(logging.ERROR)
-  specs = {"diverged": diverged_runs, "baselines": baseline_runs,
+  specs = {"diverged": lambda: diverged_runs(args.seed),
+           "baselines": lambda: baseline_runs(args.seed),
            "healthy": lambda: healthy_runs(tuple(int(k) for k in args.multiples.split(",")),
                                            tuple(args.workloads.split(",")),
-                                           args.seed)}[args.set]()
+                                           args.seed or 0)}[args.set]()
   for spec in specs:
     if args.rules_off and spec.config.strategy == "adaptive":  # a baseline has no engine
       spec.config.engine_rules_off = args.rules_off
