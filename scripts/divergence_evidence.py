@@ -75,14 +75,13 @@ def _seeded(seed: int | None) -> tuple[int, str, tuple[int, ...]]:
 
 
 def diverged_runs(seed: int | None = None) -> list[Run]:
-  main_seed, tag, noclip_seeds = _seeded(seed)
+  main_seed, tag, _ = _seeded(seed)
+  noclip = ((4, 1), (32, 1), (32, 2)) if seed is None else ((4, seed), (32, seed))
   runs = [Run(f"main_job_lr_x{factor}{tag}",
               _adaptive(MAIN_JOB, seed=main_seed, learning_rate=2e-3 * factor))
           for factor in (3000, 1000, 100, 10)]
   runs.append(Run(f"main_job_lr_x1e-4{tag}",
                   _adaptive(MAIN_JOB, seed=main_seed, learning_rate=2e-3 * 1e-4)))
-  noclip = ((4, 1), (32, 1), (32, 2)) if seed is None else tuple(
-      (multiple, noclip_seed) for multiple in (4, 32) for noclip_seed in noclip_seeds)
   for multiple, noclip_seed in noclip:
     runs.append(Run(f"study_lstm_noclip_{multiple}x_seed{noclip_seed}",
                     _adaptive(STUDY["lstm"], multiple, noclip_seed, learning_rate=4e-3,
